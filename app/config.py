@@ -1,0 +1,262 @@
+"""Config schema: one dataclass per Hydra group, registered in the ConfigStore.
+
+The root schema types every group, so a misspelled key or a wrong type is rejected while Hydra
+composes the config. Checks that span keys (micro-batch vs effective batch, heads vs hidden size)
+live in `validate()`, which raises `ConfigError` naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+
+PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
+MODEL_ARCHS = ("gpt2", "llama", "pretrained")
+DATA_SOURCES = ("builtin", "text_files", "synthetic")
+SCHEDULES = ("cosine", "linear", "constant")
+FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
+
+
+class ConfigError(ValueError):
+    """A setting the user can fix; the message is one line naming the key and what is allowed."""
+
+
+@dataclass
+class GpuConfig:
+    name: str = MISSING  # preset name as typed on the command line (gpu=NAME)
+    device_type: str = "cuda"  # auto | cuda | cpu
+    match: list[str] = field(default_factory=list)  # substrings of the NVML/torch device name
+    memory_gib: float | None = None  # label memory; the detected figure wins
+    compute_capability: float | None = None
+    bf16: bool = False
+    tf32: bool = False
+    # Dense (no sparsity) peak TFLOP/s by compute dtype; empty = unknown, MFU is not reported.
+    peak_tflops: dict[str, float] = field(default_factory=dict)
+    precision: str = "auto"  # what precision=auto resolves to on this card
+    dataloader_workers: int = 4
+    memory_headroom: float = 0.10  # fraction of device memory kept free by the batch probe
+    compile: bool = False  # per-card default for model.compile=null
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "auto"  # auto | fp32 | tf32 | bf16 | fp16
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    arch: str = "gpt2"  # gpt2 | llama | pretrained
+    path: str | None = None  # local checkpoint directory (arch=pretrained) or hub name
+    vocab_size: int | None = None  # null: taken from the tokenizer
+    n_layer: int = 2
+    n_head: int = 4
+    n_kv_head: int | None = None  # llama only; null = n_head
+    n_embd: int = 128
+    intermediate_size: int | None = None  # null: 4 x n_embd (gpt2) or the llama default
+    max_position_embeddings: int = 256
+    dropout: float = 0.0
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
+    gradient_checkpointing: bool = False
+    compile: bool | None = None  # null: the gpu preset decides
+    compile_mode: str = "default"  # default | reduce-overhead | max-autotune
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    source: str = "builtin"  # builtin | text_files | synthetic
+    paths: list[str] = field(default_factory=list)  # files or globs for source=text_files
+    tokenizer: str = "byte"  # byte | train | <local path or hub name>
+    tokenizer_vocab_size: int = 2048  # for tokenizer=train
+    seq_len: int = 128  # block size: tokens per packed sequence
+    val_fraction: float = 0.05
+    builtin_num_docs: int = 4000  # size of the generated corpus (source=builtin)
+    synthetic_num_tokens: int = 2_000_000  # source=synthetic
+    cache_dir: str = "${oc.env:HYDRATRAIN_CACHE,.cache/hydratrain}"
+    num_workers: Any = "auto"  # auto | int
+    pin_memory: bool | None = None  # null: on for CUDA
+    persistent_workers: bool = True
+    prefetch_factor: int = 2
+    drop_last: bool = True
+    seed: int = 1234
+
+
+@dataclass
+class AutoBatchConfig:
+    """How training.micro_batch_size=auto is resolved (see app/batching.py)."""
+
+    max_micro_batch: int = 1024
+    max_probe_steps: int = 40
+    max_probe_seconds: float = 120.0
+    throughput_aware: bool = True
+    cache: bool = True
+    cpu_max_micro_batch: int = 64
+    cpu_memory_fraction: float = 0.5
+    oom_recovery: bool = True
+
+
+@dataclass
+class TrainingConfig:
+    effective_batch_size: int = 32  # samples per optimizer step, all ranks together
+    micro_batch_size: Any = 8  # auto | int
+    max_steps: int = 300
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # the schedule ends at lr * min_lr_ratio
+    schedule: str = "cosine"  # cosine | linear | constant
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    fused_adamw: bool | None = None  # null: fused on CUDA
+    max_grad_norm: float = 1.0  # 0 disables clipping
+    eval_every: int = 50
+    eval_batches: int = 8  # validation set = eval_batches x the starting micro-batch
+    eval_at_start: bool = True  # a step-0 validation loss to compare the end against
+    log_every: int = 10
+    checkpoint_every: int = 100  # 0: only at the end
+    keep_checkpoints: int = 2
+    seed: int = 1337
+    resume: str | None = None  # null | auto (this run dir) | path to a run dir or checkpoint
+    progress_bar: bool = True
+    auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
+
+
+@dataclass
+class FaultsConfig:
+    """Fault injection for tests and CPU users: see README, 'Fault injection'."""
+
+    oom_above_micro_batch: int | None = None
+    oom_phase: str = "forward"  # forward | backward | optimizer | eval
+    oom_from_step: int = 0  # first optimizer step at which the fault fires
+
+
+@dataclass
+class TrainConfig:
+    gpu: GpuConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    data: DataConfig = MISSING
+    model: ModelConfig = MISSING
+    training: TrainingConfig = MISSING
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    hpo: Any = None  # set by hpo=optuna; read by the sweeper and the trial reporter
+    objective: str = "final_val_loss"  # summary.json key main() returns
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+
+
+def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+
+
+def _positive(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key}={value!r} must be a positive integer")
+
+
+def _non_negative(key: str, value: Any) -> None:
+    if not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{key}={value!r} must be an integer >= 0")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Device-independent checks run before any expensive work; raise ConfigError."""
+    _one_of("precision", cfg.precision.name, PRECISIONS)
+    _one_of("gpu.device_type", cfg.gpu.device_type, ("auto", "cuda", "cpu"))
+    _validate_preset_precision(cfg.gpu, cfg.precision.name)
+    _validate_model(cfg.model, cfg.data)
+    _validate_data(cfg.data)
+    _validate_training(cfg.training)
+    _validate_faults(cfg.faults)
+
+
+def _validate_preset_precision(gpu: DictConfig, requested: str) -> None:
+    """bf16/TF32 asked of a CUDA preset that lacks it: caught without touching a device."""
+    if gpu.device_type != "cuda" or requested not in ("bf16", "tf32"):
+        return
+    if not (gpu.bf16 if requested == "bf16" else gpu.tf32):
+        raise ConfigError(
+            f"precision={requested} is not supported by gpu={gpu.name} (compute capability "
+            f"{gpu.compute_capability}, needs >= 8.0); use precision=fp16 or precision=auto"
+        )
+    _one_of("gpu.precision", gpu.precision, PRECISIONS)
+
+
+def _validate_model(m: DictConfig, d: DictConfig) -> None:
+    _one_of("model.arch", m.arch, MODEL_ARCHS)
+    if m.arch == "pretrained":
+        if not m.path:
+            raise ConfigError("model.path is required when model.arch=pretrained")
+        return
+    for key in ("n_layer", "n_head", "n_embd", "max_position_embeddings"):
+        _positive(f"model.{key}", m[key])
+    if m.n_embd % m.n_head:
+        raise ConfigError(
+            f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head} "
+            f"(allowed n_head: {', '.join(str(h) for h in _divisors(m.n_embd))})"
+        )
+    if m.n_kv_head is not None and (m.n_kv_head < 1 or m.n_head % m.n_kv_head):
+        raise ConfigError(f"model.n_kv_head={m.n_kv_head} must divide model.n_head={m.n_head}")
+    if d.seq_len > m.max_position_embeddings:
+        raise ConfigError(
+            f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings="
+            f"{m.max_position_embeddings}; use data.seq_len<={m.max_position_embeddings}"
+        )
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, min(n, 64) + 1) if n % k == 0]
+
+
+def _validate_data(d: DictConfig) -> None:
+    _one_of("data.source", d.source, DATA_SOURCES)
+    _positive("data.seq_len", d.seq_len)
+    if d.source == "text_files" and not d.paths:
+        raise ConfigError("data.paths is empty; data.source=text_files needs files or globs")
+    if not 0.0 < d.val_fraction < 0.5:
+        raise ConfigError(f"data.val_fraction={d.val_fraction} must be in (0, 0.5)")
+    if d.num_workers != "auto":
+        _non_negative("data.num_workers", d.num_workers)
+    _positive("data.prefetch_factor", d.prefetch_factor)
+
+
+def _validate_training(t: DictConfig) -> None:
+    _positive("training.effective_batch_size", t.effective_batch_size)
+    if t.micro_batch_size != "auto":
+        _positive("training.micro_batch_size", t.micro_batch_size)
+        if t.micro_batch_size > t.effective_batch_size:
+            raise ConfigError(
+                f"training.micro_batch_size={t.micro_batch_size} is larger than "
+                f"training.effective_batch_size={t.effective_batch_size}; allowed: auto or "
+                f"1..{t.effective_batch_size}"
+            )
+    _positive("training.max_steps", t.max_steps)
+    for key in ("eval_every", "log_every", "eval_batches", "keep_checkpoints"):
+        _positive(f"training.{key}", t[key])
+    _non_negative("training.checkpoint_every", t.checkpoint_every)
+    _non_negative("training.warmup_steps", t.warmup_steps)
+    _one_of("training.schedule", t.schedule, SCHEDULES)
+    if not t.lr > 0:
+        raise ConfigError(f"training.lr={t.lr} must be > 0")
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        raise ConfigError(f"training.min_lr_ratio={t.min_lr_ratio} must be in [0, 1]")
+    if t.weight_decay < 0 or t.max_grad_norm < 0:
+        raise ConfigError("training.weight_decay and training.max_grad_norm must be >= 0")
+    if len(t.betas) != 2 or not all(0.0 <= b < 1.0 for b in t.betas):
+        raise ConfigError(f"training.betas={list(t.betas)} must be two numbers in [0, 1)")
+
+
+def _validate_faults(f: DictConfig) -> None:
+    _one_of("faults.oom_phase", f.oom_phase, FAULT_PHASES)
+    if f.oom_above_micro_batch is not None:
+        _non_negative("faults.oom_above_micro_batch", f.oom_above_micro_batch)
+    _non_negative("faults.oom_from_step", f.oom_from_step)

@@ -1,0 +1,488 @@
+"""Token data: documents -> tokens -> packed blocks (cached), and the per-step data loader.
+
+Blocks are `seq_len + 1` tokens (input = block[:-1], target = block[1:]). Documents are joined
+with an end-of-document token: byte 0 for the byte tokenizer (it never occurs in text, unlike a
+newline, so a document boundary is unambiguous), `<|endoftext|>` for a trained BPE, and the
+tokenizer's EOS (else SEP) for a pretrained one.
+
+The sample order is a pure function of (seed, step), so resuming at step s, or redoing step s,
+sees exactly the samples an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader, Dataset
+
+from app.config import ConfigError, DataConfig
+from app.corpus import CORPUS_VERSION, generate_corpus
+
+# Bump when tokenization or packing changes, so old caches are not reused.
+CACHE_VERSION = 1
+BYTE_EOS = 0
+BPE_EOS = "<|endoftext|>"
+
+
+@dataclass
+class TokenData:
+    train: torch.Tensor  # int64 [n_train_blocks, seq_len + 1]
+    val: torch.Tensor  # int64 [n_val_blocks, seq_len + 1]
+    vocab_size: int
+    pad_id: int | None
+    tokenizer_name: str
+
+
+@dataclass
+class TextTokenizer:
+    name: str
+    vocab_size: int
+    eos_id: int | None  # appended after every document; None: documents are just concatenated
+    pad_id: int | None
+    encode_batch: Callable[[list[str]], list[list[int]]]
+    decode: Callable[[list[int]], str]
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry point
+
+
+def load_token_data(cfg: DataConfig | DictConfig) -> TokenData:
+    cfg = _as_dictconfig(cfg)
+    if cfg.source == "synthetic":
+        return _synthetic_data(cfg)
+    files = expand_paths(list(cfg.paths)) if cfg.source == "text_files" else []
+    cache_path = Path(cfg.cache_dir) / f"tokens-{_token_cache_key(cfg, files)}.pt"
+    if cache_path.is_file():
+        return TokenData(**torch.load(cache_path, weights_only=True))
+    data = _build_token_data(cfg, files)
+    _atomic_torch_save(vars(data), cache_path)
+    return data
+
+
+def _as_dictconfig(cfg: DataConfig | DictConfig) -> DictConfig:
+    # A bare dataclass would leave `${oc.env:...}` in cache_dir unresolved.
+    return cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+
+
+def _build_token_data(cfg: DictConfig, files: list[str]) -> TokenData:
+    docs = _read_documents(cfg, files)
+    train_docs, val_docs = split_documents(docs, cfg.val_fraction, cfg.seed, cfg.seq_len)
+    tok = load_tokenizer(cfg, train_docs, files)
+    train_ids = tokenize_documents(train_docs, tok)
+    val_ids = tokenize_documents(val_docs, tok)
+    block = cfg.seq_len + 1
+    if train_ids.numel() < block or val_ids.numel() < block:
+        raise ConfigError(
+            f"data.seq_len={cfg.seq_len}: the corpus ({train_ids.numel()} train / "
+            f"{val_ids.numel()} val tokens) is too small for one train and one val block of "
+            f"{block} tokens; lower data.seq_len or add text via data.paths"
+        )
+    return TokenData(
+        train=pack_blocks(train_ids, cfg.seq_len),
+        val=pack_blocks(val_ids, cfg.seq_len),
+        vocab_size=tok.vocab_size,
+        pad_id=tok.pad_id,
+        tokenizer_name=tok.name,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Documents
+
+
+def expand_paths(patterns: list[str]) -> list[str]:
+    files: set[str] = set()
+    for pattern in patterns:
+        matches = [
+            os.path.abspath(m)
+            for m in glob.glob(os.path.expanduser(pattern), recursive=True)
+            if os.path.isfile(m)
+        ]
+        if not matches:
+            raise ConfigError(f"data.paths: no file matches {pattern!r}")
+        files.update(matches)
+    return sorted(files)
+
+
+def _read_documents(cfg: DictConfig, files: list[str]) -> list[str]:
+    if cfg.source == "builtin":
+        return generate_corpus(cfg.builtin_num_docs, cfg.seed)
+    docs: list[str] = []
+    for path in files:
+        # A document is a paragraph: one rule that also gives a single large file a val split.
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        docs.extend(p.strip("\n") for p in re.split(r"\n\s*\n", text) if p.strip())
+    return docs
+
+
+def split_documents(
+    docs: list[str], val_fraction: float, seed: int, seq_len: int
+) -> tuple[list[str], list[str]]:
+    """Hold out `val_fraction` of the documents (at least enough text for one block)."""
+    if len(docs) < 2:
+        raise ConfigError(
+            f"data.paths / data.builtin_num_docs: found {len(docs)} document(s); need at least 2 "
+            f"(one train, one val) to hold out validation data for data.seq_len={seq_len}"
+        )
+    order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = max(1, round(val_fraction * len(docs)))
+    # Grow the val split until it has roughly one block of text. Characters are a proxy for
+    # tokens (the split must precede BPE training); the token count is checked after packing.
+    chars = 0
+    taken = 0
+    while taken < len(docs) - 1 and (taken < n_val or chars < seq_len + 1):
+        chars += len(docs[order[taken]]) + 1
+        taken += 1
+    val_idx = set(order[:taken])
+    # Keep corpus order within each split: packing stays readable and tests can rebuild the stream.
+    train = [d for i, d in enumerate(docs) if i not in val_idx]
+    val = [d for i, d in enumerate(docs) if i in val_idx]
+    return train, val
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+def load_tokenizer(
+    cfg: DataConfig | DictConfig,
+    train_docs: list[str] | None = None,
+    files: list[str] | None = None,
+) -> TextTokenizer:
+    """`train_docs` is the BPE training text (tokenizer=train); `files` goes into its cache key."""
+    cfg = _as_dictconfig(cfg)
+    if cfg.tokenizer == "byte":
+        return _byte_tokenizer()
+    if cfg.tokenizer == "train":
+        return _trained_bpe(cfg, train_docs or [], files or [])
+    return _pretrained_tokenizer(cfg.tokenizer)
+
+
+def _byte_tokenizer() -> TextTokenizer:
+    return TextTokenizer(
+        name="byte",
+        vocab_size=256,
+        eos_id=BYTE_EOS,
+        pad_id=None,
+        encode_batch=lambda texts: [list(t.encode("utf-8")) for t in texts],
+        decode=lambda ids: bytes(ids).decode("utf-8", errors="replace"),
+    )
+
+
+def _trained_bpe(cfg: DictConfig, train_docs: list[str], files: list[str]) -> TextTokenizer:
+    from tokenizers import Tokenizer
+
+    if cfg.tokenizer_vocab_size < 257:
+        raise ConfigError(
+            f"data.tokenizer_vocab_size={cfg.tokenizer_vocab_size} must be >= 257 "
+            "(256 byte symbols + the end-of-document token)"
+        )
+    path = Path(cfg.cache_dir) / f"bpe-{_bpe_cache_key(cfg, files)}.json"
+    if path.is_file():
+        tok = Tokenizer.from_file(str(path))
+    else:
+        tok = _train_bpe(train_docs, cfg.tokenizer_vocab_size)
+        _atomic_write_text(tok.to_str(), path)
+    return TextTokenizer(
+        name=f"trained-bpe:{cfg.tokenizer_vocab_size}",
+        vocab_size=tok.get_vocab_size(),
+        eos_id=tok.token_to_id(BPE_EOS),
+        pad_id=None,
+        encode_batch=lambda texts: [
+            e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)
+        ],
+        decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
+    )
+
+
+def _train_bpe(texts: list[str], vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BPE_EOS],
+        # All 256 byte symbols, seen or not, so any later text still encodes losslessly.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    return tok
+
+
+def _pretrained_tokenizer(name: str) -> TextTokenizer:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+    except Exception as e:  # hub/IO/parse errors all mean the same thing to the user
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"data.tokenizer={name!r} could not be loaded ({first_line}); use byte, train, "
+            "a local tokenizer directory or a hub name available offline"
+        ) from e
+    eos = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
+
+    def encode_batch(texts: list[str]) -> list[list[int]]:
+        # verbose=False: documents longer than model_max_length are fine, we pack them.
+        return tok(texts, add_special_tokens=False, verbose=False)["input_ids"]
+
+    return TextTokenizer(
+        name=name,
+        vocab_size=len(tok),
+        eos_id=eos,
+        pad_id=tok.pad_token_id,
+        encode_batch=encode_batch,
+        decode=lambda ids: tok.decode(ids),
+    )
+
+
+def tokenize_documents(docs: list[str], tok: TextTokenizer) -> torch.Tensor:
+    """One int64 stream: each document's tokens followed by the end-of-document token."""
+    eos = [] if tok.eos_id is None else [tok.eos_id]
+    ids: list[int] = []
+    for doc_ids in tok.encode_batch(docs):
+        ids.extend(doc_ids)
+        ids.extend(eos)
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def pack_blocks(ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+    block = seq_len + 1
+    n = ids.numel() // block  # the ragged tail is dropped
+    return ids[: n * block].reshape(n, block).clone()
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic data: uniform random tokens, nothing to learn
+
+
+def _synthetic_data(cfg: DictConfig) -> TokenData:
+    vocab, pad_id, name = _synthetic_vocab(cfg)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    ids = torch.randint(vocab, (cfg.synthetic_num_tokens,), generator=gen, dtype=torch.int64)
+    blocks = pack_blocks(ids, cfg.seq_len)
+    if len(blocks) < 2:
+        raise ConfigError(
+            f"data.synthetic_num_tokens={cfg.synthetic_num_tokens} is too few for two blocks of "
+            f"data.seq_len+1={cfg.seq_len + 1} tokens"
+        )
+    n_val = min(len(blocks) - 1, max(1, round(cfg.val_fraction * len(blocks))))
+    return TokenData(
+        train=blocks[n_val:],
+        val=blocks[:n_val],
+        vocab_size=vocab,
+        pad_id=pad_id,
+        tokenizer_name=name,
+    )
+
+
+def _synthetic_vocab(cfg: DictConfig) -> tuple[int, int | None, str]:
+    if cfg.tokenizer == "byte":
+        return 256, None, "byte"
+    if cfg.tokenizer == "train":
+        # No text to train on: the configured size is the vocabulary.
+        return cfg.tokenizer_vocab_size, None, f"trained-bpe:{cfg.tokenizer_vocab_size}"
+    tok = _pretrained_tokenizer(cfg.tokenizer)
+    return tok.vocab_size, tok.pad_id, tok.name
+
+
+# ---------------------------------------------------------------------------------------------
+# Caching
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _file_fingerprints(files: list[str]) -> list[list[Any]]:
+    return [[f, (st := os.stat(f)).st_size, st.st_mtime_ns] for f in files]
+
+
+def _text_identity(cfg: DictConfig, files: list[str]) -> dict[str, Any]:
+    """What determines the documents and their train/val split."""
+    ident: dict[str, Any] = {
+        "source": cfg.source,
+        "seed": cfg.seed,
+        "val_fraction": cfg.val_fraction,
+    }
+    if cfg.source == "builtin":
+        ident.update(num_docs=cfg.builtin_num_docs, corpus_version=CORPUS_VERSION)
+    else:
+        ident["files"] = _file_fingerprints(files)
+    return ident
+
+
+def _bpe_cache_key(cfg: DictConfig, files: list[str]) -> str:
+    # Trained on the train split only, so the split settings are part of the key.
+    return _hash({"text": _text_identity(cfg, files), "vocab": cfg.tokenizer_vocab_size})
+
+
+def _tokenizer_identity(cfg: DictConfig) -> Any:
+    if cfg.tokenizer == "byte":
+        return "byte"
+    if cfg.tokenizer == "train":
+        return ["train", cfg.tokenizer_vocab_size]
+    local = Path(cfg.tokenizer)
+    if local.is_dir():
+        return [os.path.abspath(local), _file_fingerprints(sorted(map(str, local.iterdir())))]
+    return cfg.tokenizer  # a hub name: assume a given name keeps its tokenizer
+
+
+def _token_cache_key(cfg: DictConfig, files: list[str]) -> str:
+    return _hash(
+        {
+            "version": CACHE_VERSION,
+            "text": _text_identity(cfg, files),
+            "tokenizer": _tokenizer_identity(cfg),
+            "seq_len": cfg.seq_len,
+        }
+    )
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    _atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def _atomic_write_text(text: str, path: Path) -> None:
+    _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _atomic_write(path: Path, write: Callable[[Any], Any]) -> None:
+    # Same directory as the target so os.replace is a rename: a killed run leaves a stray temp
+    # file at worst, never a truncated cache entry under the real name.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-step sampling and loading
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_permutation(num_blocks: int, seed: int, epoch: int) -> torch.Tensor:
+    # Cached: consecutive steps mostly fall in the same epoch.
+    return torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed + epoch))
+
+
+def step_sample_indices(
+    num_blocks: int, samples_per_step: int, step: int, seed: int
+) -> torch.Tensor:
+    """Block indices of optimizer step `step`: global samples [step*n, (step+1)*n) of the
+    epoch-wise permuted stream, wrapping into the next epoch's permutation."""
+    pos, end = step * samples_per_step, (step + 1) * samples_per_step
+    parts = []
+    while pos < end:
+        epoch, offset = divmod(pos, num_blocks)
+        take = min(end - pos, num_blocks - offset)
+        parts.append(_epoch_permutation(num_blocks, seed, epoch)[offset : offset + take])
+        pos += take
+    return torch.cat(parts)
+
+
+def rank_slice(n: int, rank: int, world_size: int) -> slice:
+    """Contiguous part of n items for `rank`; part sizes differ by at most one."""
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
+
+
+class StepDataset(Dataset):
+    """Item `step` = the sample blocks of optimizer step `step` for this rank.
+
+    Each item is int64 [n, seq_len + 1], n = this rank's share of `samples_per_step`.
+    """
+
+    def __init__(
+        self,
+        blocks: torch.Tensor,
+        samples_per_step: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if samples_per_step < world_size:
+            raise ValueError(
+                f"samples_per_step={samples_per_step} < world_size={world_size}: "
+                "some rank would get no samples"
+            )
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} not in [0, {world_size})")
+        self.blocks = blocks
+        self.samples_per_step = samples_per_step
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+
+    def step_indices(self, step: int) -> torch.Tensor:
+        idx = step_sample_indices(len(self.blocks), self.samples_per_step, step, self.seed)
+        return idx[rank_slice(len(idx), self.rank, self.world_size)]
+
+    def __getitem__(self, step: int) -> torch.Tensor:
+        return self.blocks[self.step_indices(step)]
+
+
+def make_step_loader(
+    dataset: StepDataset,
+    start_step: int,
+    num_steps: int,
+    *,
+    num_workers: int,
+    pin_memory: bool,
+    persistent_workers: bool,
+    prefetch_factor: int,
+) -> DataLoader:
+    # batch_size=None: each item is already a whole step; the sampler yields step numbers.
+    kwargs: dict[str, Any] = {}
+    if num_workers > 0:  # DataLoader rejects these without workers
+        kwargs.update(persistent_workers=persistent_workers, prefetch_factor=prefetch_factor)
+    return DataLoader(
+        dataset,
+        batch_size=None,
+        sampler=range(start_step, start_step + num_steps),
+        num_workers=num_workers,
+        pin_memory=pin_memory,  # valid without workers too: the main process pins
+        **kwargs,
+    )
+
+
+def resolve_num_workers(setting: int | str, preset_workers: int) -> int:
+    if setting != "auto":
+        return int(setting)
+    try:
+        cpus = len(os.sched_getaffinity(0))  # honours container/taskset CPU limits
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(0, min(preset_workers, cpus // 2))
+
+
+def val_batches(val: torch.Tensor, batch_size: int, num_batches: int) -> list[torch.Tensor]:
+    """The first `batch_size * num_batches` val blocks (fewer if val is smaller), in order."""
+    return [
+        val[i : i + batch_size]
+        for i in range(0, min(len(val), batch_size * num_batches), batch_size)
+    ]

@@ -1,0 +1,34 @@
+"""Fault injection: make chosen micro-batches raise a real torch OutOfMemoryError.
+
+`faults.oom_above_micro_batch=N` fails any micro-batch of more than N samples in the phase
+`faults.oom_phase` (forward, backward, optimizer, eval) from optimizer step `faults.oom_from_step`
+on. This lets the batch probe and OOM recovery run on a CPU, in tests and for users, exactly as they
+would on a GPU that ran out of memory.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+
+class FaultInjector:
+    def __init__(self, cfg: DictConfig | None = None) -> None:
+        self.limit = None if cfg is None else cfg.oom_above_micro_batch
+        self.phase = "forward" if cfg is None else cfg.oom_phase
+        self.from_step = 0 if cfg is None else cfg.oom_from_step
+        self.fired = 0
+
+    @property
+    def active(self) -> bool:
+        return self.limit is not None
+
+    def check(self, phase: str, micro_batch: int, step: int) -> None:
+        if self.limit is None or phase != self.phase or step < self.from_step:
+            return
+        if micro_batch > self.limit:
+            self.fired += 1
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory (injected: faults.oom_above_micro_batch={self.limit}, "
+                f"{phase} of a micro-batch of {micro_batch} at step {step})"
+            )

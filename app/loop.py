@@ -1,0 +1,349 @@
+"""The training loop: plain settings in, a summary out. No Hydra, no Optuna.
+
+Host-device syncs happen only at log, eval and checkpoint points: losses and grad norms stay on
+the device between them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from app import checkpoint as ckpt
+from app.batching import BatchPlan
+from app.distributed import DistInfo, global_sum, no_sync
+from app.faults import FaultInjector
+from app.objective import NullReporter, Reporter
+from app.outcomes import Diverged, Pruned, TrainingOOM
+from app.precision import PrecisionPlan
+from app.telemetry import RunLogger, cuda_memory_metrics, mfu, peak_memory_bytes
+
+log = logging.getLogger(__name__)
+IGNORE = -100  # a negative token in a block marks padding: no input token, no target
+
+
+@dataclass
+class Run:
+    """Everything one training run needs, built by app.train (or a test) and handed to train()."""
+
+    model: torch.nn.Module  # what runs forward: maybe compiled and/or DDP-wrapped
+    raw_model: torch.nn.Module  # what is saved and restored
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    plan: BatchPlan
+    precision: PrecisionPlan
+    device: torch.device
+    cfg: DictConfig  # the training slice
+    steps: Any  # iterator of host step tensors [per-rank batch, seq_len + 1]
+    val_blocks: torch.Tensor
+    run_dir: Path
+    scaler: torch.amp.GradScaler | None = None
+    logger: RunLogger | None = None
+    reporter: Reporter = field(default_factory=NullReporter)
+    faults: FaultInjector = field(default_factory=FaultInjector)
+    dist: DistInfo = field(default_factory=DistInfo)
+    start_step: int = 0
+    flops_per_token: int | None = None
+    peak_tflops: float | None = None
+    num_params: int = 0
+    on_plan_change: Any = None  # callback(plan) when OOM recovery shrinks the micro-batch
+    history: list[dict[str, Any]] = field(default_factory=list)  # what was logged, for tests
+
+
+def inputs_and_targets(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = blocks[:, :-1], blocks[:, 1:]
+    return x.clamp_min(0), y.where(y >= 0, IGNORE)
+
+
+def autocast(run: Run) -> contextlib.AbstractContextManager:
+    if run.precision.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(run.device.type, dtype=run.precision.autocast_dtype)
+
+
+def loss_sum(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    with autocast(run):
+        logits = run.model(input_ids=x).logits
+    # Summed, not averaged: the caller divides by the target tokens of the whole optimizer step.
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
+    )
+
+
+def train_step(run: Run, blocks: torch.Tensor, step: int) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """One optimizer step over `blocks` (this rank's share of the effective batch)."""
+    x_all, y_all = inputs_and_targets(blocks)
+    tokens = int((y_all != IGNORE).sum())  # on the host tensor: no device sync
+    # DDP averages gradients over ranks, so scale by world / global tokens for an exact token mean.
+    divisor = global_sum(tokens, run.dist, run.device)
+    scale = run.dist.world_size / divisor
+    sizes = run.plan.micro_sizes
+    total = torch.zeros((), device=run.device)
+    offset = 0
+    for i, n in enumerate(sizes):
+        x = x_all[offset : offset + n].to(run.device, non_blocking=True)
+        y = y_all[offset : offset + n].to(run.device, non_blocking=True)
+        offset += n
+        with no_sync(run.model, sync=i == len(sizes) - 1):
+            run.faults.check("forward", n, step)
+            part = loss_sum(run, x, y)
+            run.faults.check("backward", n, step)
+            scaled = part * scale
+            (run.scaler.scale(scaled) if run.scaler else scaled).backward()
+        total += part.detach()
+    grad_norm = optimizer_step(run, step)
+    return total, tokens, grad_norm
+
+
+def optimizer_step(run: Run, step: int) -> torch.Tensor:
+    run.faults.check("optimizer", run.plan.micro_batch_size, step)
+    if run.scaler:
+        run.scaler.unscale_(run.optimizer)
+    max_norm = run.cfg.max_grad_norm if run.cfg.max_grad_norm > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), max_norm)
+    if run.scaler:
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+    else:
+        run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    return grad_norm
+
+
+def step_with_recovery(run: Run, blocks: torch.Tensor, step: int):
+    """train_step, redone with a smaller micro-batch after an OOM; the effective batch is kept."""
+    while True:
+        failed = None
+        try:
+            return train_step(run, blocks, step)
+        except torch.OutOfMemoryError as exc:
+            failed = str(exc).splitlines()[0]
+        # Outside the except block: the traceback no longer pins the failed step's tensors.
+        release_after_oom(run)
+        shrink_micro_batch(run, step, failed)
+
+
+def release_after_oom(run: Run) -> None:
+    run.optimizer.zero_grad(set_to_none=True)
+    if run.scaler is not None:
+        # Forget a half-done unscale_/step so the retried step starts clean.
+        run.scaler._per_optimizer_states = defaultdict(
+            torch.amp.grad_scaler._refresh_per_optimizer_state
+        )
+    gc.collect()
+    if run.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def shrink_micro_batch(run: Run, step: int, error: str | None) -> None:
+    current = run.plan.micro_batch_size
+    ooms = run.plan.details.get("oom_count", 0) + 1
+    if current <= 1 or not run.cfg.auto_batch.oom_recovery:
+        raise TrainingOOM(f"out of memory at micro-batch {current} (step {step}): {error}")
+    smaller = max(1, current // 2)
+    run.plan = run.plan.with_micro_batch(
+        smaller, "reduced_after_oom", oom_count=ooms, oom_at_step=step, reduced_from=current
+    )
+    log.warning(
+        "OOM at step %d with micro-batch %d: retrying the step with %d (%s)",
+        step,
+        current,
+        smaller,
+        run.plan.describe(),
+    )
+    if run.on_plan_change is not None:
+        run.on_plan_change(run.plan)
+
+
+@torch.no_grad()
+def evaluate(run: Run, step: int) -> float:
+    run.model.eval()
+    total = torch.zeros((), device=run.device)
+    tokens = 0
+    while True:
+        try:
+            for start in range(0, len(run.val_blocks), run.plan.micro_batch_size):
+                chunk = run.val_blocks[start : start + run.plan.micro_batch_size]
+                run.faults.check("eval", len(chunk), step)
+                x, y = inputs_and_targets(chunk)
+                total += loss_sum(run, x.to(run.device), y.to(run.device))
+                tokens += int((y != IGNORE).sum())
+            break
+        except torch.OutOfMemoryError as exc:
+            failed = str(exc).splitlines()[0]
+        release_after_oom(run)
+        shrink_micro_batch(run, step, failed)
+        total.zero_()
+        tokens = 0
+    run.model.train()
+    return total.item() / max(tokens, 1)
+
+
+def save(run: Run, step: int) -> None:
+    if not run.dist.is_main:
+        return
+    state = {
+        "model": run.raw_model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict() if run.scaler else {},
+        "step": step,  # optimizer steps done; the data position follows from it
+        "rng": ckpt.rng_state(),
+        "plan": run.plan.as_dict(),
+    }
+    ckpt.save_checkpoint(run.run_dir / "checkpoints", step, state, run.cfg.keep_checkpoints)
+
+
+def restore(run: Run, state: dict[str, Any]) -> None:
+    run.raw_model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    if run.scaler is not None and state.get("scaler"):
+        run.scaler.load_state_dict(state["scaler"])
+    ckpt.set_rng_state(state["rng"])
+    run.start_step = int(state["step"])
+
+
+class Throughput:
+    """Tokens/s over log windows, excluding eval and checkpoint time."""
+
+    def __init__(self) -> None:
+        self.window_start = time.perf_counter()
+        self.paused = 0.0
+        self.windows: list[tuple[int, float]] = []  # (tokens, seconds)
+
+    @contextlib.contextmanager
+    def pause(self):
+        t0 = time.perf_counter()
+        yield
+        self.paused += time.perf_counter() - t0
+
+    def close_window(self, tokens: int) -> float:
+        now = time.perf_counter()
+        seconds = max(now - self.window_start - self.paused, 1e-9)
+        self.windows.append((tokens, seconds))
+        self.window_start, self.paused = now, 0.0
+        return seconds
+
+    def steady_tokens_per_sec(self) -> float | None:
+        # The first window holds compilation, cudnn autotuning and allocator warm-up.
+        windows = self.windows[1:] or self.windows
+        if not windows:
+            return None
+        return sum(t for t, _ in windows) / sum(s for _, s in windows)
+
+
+def train(run: Run) -> dict[str, Any]:
+    """Run to max_steps; return the summary. Raises Pruned, Diverged or TrainingOOM."""
+    cfg = run.cfg
+    summary: dict[str, Any] = {"initial_val_loss": None, "final_val_loss": None}
+    tokens_per_step = run.plan.effective_batch_size * (run.val_blocks.shape[1] - 1)
+    if run.start_step == 0 and cfg.eval_at_start:
+        summary["initial_val_loss"] = _eval_and_report(run, 0, summary)
+    meter = Throughput()
+    window = {"loss": torch.zeros((), device=run.device), "tokens": 0, "steps": 0}
+    bar = _progress(run)
+    grad_norm = torch.zeros(())
+    for step in range(run.start_step, cfg.max_steps):
+        blocks = next(run.steps)
+        loss, tokens, grad_norm = step_with_recovery(run, blocks, step)
+        window["loss"] += loss
+        window["tokens"] += tokens
+        window["steps"] += 1
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.max_steps:
+            _log_window(run, done, window, meter, grad_norm, tokens_per_step, summary, bar)
+        if done % cfg.eval_every == 0 or done == cfg.max_steps:
+            with meter.pause():
+                _eval_and_report(run, done, summary)
+        if done == cfg.max_steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+            with meter.pause():
+                save(run, done)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    summary["steps"] = cfg.max_steps
+    summary["tokens_per_sec"] = meter.steady_tokens_per_sec()
+    return summary
+
+
+def _log_window(run, done, window, meter, grad_norm, tokens_per_step, summary, bar) -> None:
+    train_loss = window["loss"].item() / max(window["tokens"], 1)  # the one sync of the window
+    if not math.isfinite(train_loss):
+        raise Diverged(f"train loss is {train_loss} at step {done}")
+    seconds = meter.close_window(window["steps"] * tokens_per_step)
+    step_time = seconds / window["steps"]
+    tok_s = tokens_per_step / step_time
+    metrics: dict[str, float | None] = {
+        "train/loss": train_loss,
+        "train/learning_rate": run.scheduler.get_last_lr()[0],
+        "train/grad_norm": float(grad_norm),
+        "train/step_time_s": step_time,
+        "train/samples_per_sec": run.plan.effective_batch_size / step_time,
+        "train/tokens_per_sec": tok_s,
+        "train/micro_batch_size": float(run.plan.micro_batch_size),
+        "train/grad_accum_steps": float(run.plan.grad_accum_steps),
+        "train/mfu": _mfu(run, tok_s),
+    }
+    if run.device.type == "cuda":
+        metrics.update(cuda_memory_metrics(run.device))
+    summary["final_train_loss"] = train_loss
+    run.history.append({"step": done, **metrics})
+    if run.logger is not None:
+        run.logger.log(done, metrics)
+    if bar is not None:
+        bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+    window["loss"].zero_()
+    window["tokens"] = window["steps"] = 0
+
+
+def _mfu(run: Run, tokens_per_sec: float) -> float | None:
+    if run.flops_per_token is None:
+        return None
+    return mfu(tokens_per_sec / run.dist.world_size, run.flops_per_token, run.peak_tflops)
+
+
+def _eval_and_report(run: Run, step: int, summary: dict[str, Any]) -> float:
+    val_loss = evaluate(run, step)
+    if not math.isfinite(val_loss):
+        raise Diverged(f"validation loss is {val_loss} at step {step}")
+    summary["final_val_loss"] = val_loss
+    metrics = {"val/loss": val_loss, "val/perplexity": math.exp(min(val_loss, 50.0))}
+    run.history.append({"step": step, **metrics})
+    if run.logger is not None:
+        run.logger.log(step, metrics)
+    if run.reporter.report(step, {"val_loss": val_loss, "final_val_loss": val_loss}):
+        raise Pruned(f"pruned at step {step} with validation loss {val_loss:.4f}")
+    return val_loss
+
+
+def _progress(run: Run):
+    if not (run.cfg.progress_bar and run.dist.is_main):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=run.cfg.max_steps,
+        initial=run.start_step,
+        desc="train",
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=1.0,
+    )
+
+
+def peak_memory(run: Run) -> int:
+    return peak_memory_bytes(run.device)

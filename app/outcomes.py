@@ -1,0 +1,27 @@
+"""Typed outcomes of a run. The sweeper maps each to an Optuna trial state in one place."""
+
+from __future__ import annotations
+
+
+class RunOutcome(Exception):
+    """Base of the ways a run can end early; `status` goes into summary.json."""
+
+    status = "failed"
+
+
+class TrainingOOM(RunOutcome):
+    """Out of memory even at micro-batch 1 (or with recovery off): HPO prunes the trial."""
+
+    status = "oom"
+
+
+class Diverged(RunOutcome):
+    """The loss became NaN or inf: HPO fails the trial with reason=diverged."""
+
+    status = "diverged"
+
+
+class Pruned(RunOutcome):
+    """The reporter said this run is hopeless: HPO records the trial as pruned."""
+
+    status = "pruned"

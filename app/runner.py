@@ -1,0 +1,239 @@
+"""One training run, in the order of the design: hardware, precision, resume, data, model, batch
+plan, loop, summary. Called by the Hydra entrypoint with the composed config and the run dir."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from app import checkpoint as ckpt
+from app.batching import BatchPlan, fixed_plan
+from app.config import validate
+from app.data import StepDataset, load_token_data, make_step_loader, resolve_num_workers
+from app.distributed import DistInfo, init_distributed, shutdown, wrap_ddp
+from app.faults import FaultInjector
+from app.hardware import DeviceInfo, detect_device, effective_preset
+from app.loop import Run, peak_memory, restore, train
+from app.model import build_model, model_shape
+from app.objective import build_reporter
+from app.optim import build_optimizer, build_scheduler
+from app.outcomes import RunOutcome
+from app.precision import PrecisionPlan, apply_precision_flags, resolve_precision
+from app.telemetry import RunLogger, flops_per_token, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+
+def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+    """Train as configured; write summary.json; return the summary. Raises RunOutcome on
+    pruning, divergence or an unrecoverable OOM (after writing the summary)."""
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    validate(cfg)
+    dist = init_distributed("cuda" if torch.cuda.is_available() else "cpu")
+    device = detect_device(cfg.gpu)
+    preset = effective_preset(cfg.gpu, device)
+    precision = resolve_precision(cfg.precision.name, device, preset)
+    resume_from = ckpt.find_resume_checkpoint(cfg.training.resume, run_dir)
+    state = ckpt.load_checkpoint(resume_from) if resume_from else None  # fail before work
+    apply_precision_flags(precision)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.cuda.reset_peak_memory_stats(device.torch_device)
+    torch.manual_seed(cfg.training.seed)
+
+    reporter = build_reporter(cfg)
+    summary: dict[str, Any] = {"status": "running", "run_dir": str(run_dir)}
+    run = None
+    try:
+        run = build_run(cfg, run_dir, device, preset, precision, dist, state)
+        run.reporter = reporter
+        summary.update(describe_run(run, device, precision, cfg))
+        print_banner(summary, device, precision, run, dist)
+        summary.update(train(run))
+        summary["status"] = "completed"
+    except RunOutcome as exc:
+        summary.update(status=exc.status, error=str(exc))
+        raise
+    except BaseException as exc:
+        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        finish(run, summary, started, dist, reporter)
+    return summary
+
+
+def build_run(
+    cfg: DictConfig,
+    run_dir: Path,
+    device: DeviceInfo,
+    preset: DictConfig,
+    precision: PrecisionPlan,
+    dist: DistInfo,
+    state: dict[str, Any] | None,
+) -> Run:
+    data = load_token_data(cfg.data)
+    tdev = device.torch_device
+    model = build_model(cfg.model, data.vocab_size).to(tdev)
+    shape = model_shape(model)
+    plan = choose_plan(cfg, model, data, device, preset, precision, dist)
+    optimizer = build_optimizer(model, cfg.training, on_cuda=device.type == "cuda")
+    forward_model = maybe_compile(model, cfg.model, preset)
+    run = Run(
+        model=wrap_ddp(forward_model, dist, tdev),
+        raw_model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, cfg.training),
+        plan=plan,
+        precision=precision,
+        device=tdev,
+        cfg=cfg.training,
+        steps=iter(()),
+        val_blocks=data.val[: cfg.training.eval_batches * plan.micro_batch_size],
+        run_dir=run_dir,
+        scaler=torch.amp.GradScaler(device.type) if precision.use_grad_scaler else None,
+        faults=FaultInjector(cfg.faults),
+        dist=dist,
+        flops_per_token=flops_per_token(
+            shape.num_params, shape.n_layer, shape.n_head, shape.head_dim, cfg.data.seq_len
+        ),
+        peak_tflops=device.peak_tflops.get(precision.name),
+        num_params=shape.num_params,
+    )
+    if state is not None:
+        restore(run, state)
+    run.steps = iter(step_loader(cfg, data.train, plan, run.start_step, preset, device, dist))
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run.logger = RunLogger(run_dir, nvml_index=device.index if device.type == "cuda" else None)
+    return run
+
+
+def choose_plan(cfg, model, data, device, preset, precision, dist) -> BatchPlan:
+    t = cfg.training
+    if t.micro_batch_size == "auto":
+        from app.autobatch import auto_plan
+
+        return auto_plan(cfg, model, data, device, preset, precision, dist)
+    return fixed_plan(t.effective_batch_size, t.micro_batch_size, dist.world_size, dist.rank)
+
+
+def step_loader(cfg, blocks, plan: BatchPlan, start_step, preset, device, dist):
+    d = cfg.data
+    dataset = StepDataset(
+        blocks, plan.effective_batch_size, d.seed, rank=dist.rank, world_size=dist.world_size
+    )
+    on_cuda = device.type == "cuda"
+    return make_step_loader(
+        dataset,
+        start_step,
+        cfg.training.max_steps - start_step,
+        num_workers=resolve_num_workers(d.num_workers, preset.dataloader_workers),
+        pin_memory=on_cuda if d.pin_memory is None else bool(d.pin_memory and on_cuda),
+        persistent_workers=d.persistent_workers,
+        prefetch_factor=d.prefetch_factor,
+    )
+
+
+def maybe_compile(model: torch.nn.Module, mcfg: DictConfig, preset: DictConfig) -> torch.nn.Module:
+    wanted = preset.compile if mcfg.compile is None else mcfg.compile
+    if not wanted:
+        return model
+    return torch.compile(model, mode=mcfg.compile_mode)
+
+
+def describe_run(run: Run, device: DeviceInfo, precision: PrecisionPlan, cfg) -> dict[str, Any]:
+    tokens_per_step = run.plan.effective_batch_size * cfg.data.seq_len
+    return {
+        **batch_fields(run.plan),
+        "device": device.type,
+        "device_name": device.name,
+        "preset": device.preset,
+        "device_memory_bytes": device.total_memory_bytes,
+        "dtype": precision.name,
+        "precision_reason": precision.reason,
+        "world_size": run.dist.world_size,
+        "seq_len": cfg.data.seq_len,
+        "tokens_per_step": tokens_per_step,
+        "num_params": run.num_params,
+        "flops_per_token": run.flops_per_token,
+        "peak_tflops": run.peak_tflops,
+        "resumed_from_step": run.start_step,
+        "warnings": device.warnings,
+    }
+
+
+def batch_fields(plan: BatchPlan) -> dict[str, Any]:
+    return {
+        "micro_batch_size": plan.micro_batch_size,
+        "micro_batch_sizes": plan.micro_sizes,
+        "grad_accum_steps": plan.grad_accum_steps,
+        "effective_batch_size": plan.effective_batch_size,
+        "batch_source": plan.source,
+        "batch_details": plan.details,
+    }
+
+
+def print_banner(summary, device: DeviceInfo, precision: PrecisionPlan, run: Run, dist) -> None:
+    if not dist.is_main:
+        return
+    mem = f", {device.total_memory_bytes / 2**30:.1f} GiB" if device.total_memory_bytes else ""
+    lines = [
+        f"device     {device.type}: {device.name}{mem} (preset {device.preset})",
+        f"precision  {precision.name}: {precision.reason}",
+        f"batch      {run.plan.describe()}",
+        f"tokens     {summary['tokens_per_step']:,} per optimizer step "
+        f"(seq_len {summary['seq_len']}), {summary['num_params']:,} parameters",
+        f"steps      {run.start_step} -> {run.cfg.max_steps}; run dir {run.run_dir}",
+    ]
+    lines += [f"warning    {w}" for w in device.warnings]
+    print("\n".join(lines), flush=True)
+    if run.logger is not None:
+        run.logger.text("run/plan", "\n\n".join(lines))
+
+
+def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
+    if run is not None:
+        summary.update(batch_fields(run.plan))
+        summary["peak_memory_bytes"] = peak_memory(run)
+        if run.device.type == "cuda" and summary.get("device_memory_bytes"):
+            summary["peak_memory_fraction"] = (
+                summary["peak_memory_bytes"] / summary["device_memory_bytes"]
+            )
+        summary["oom_count"] = run.plan.details.get("oom_count", 0)
+        if summary.get("tokens_per_sec") and run.flops_per_token and run.peak_tflops:
+            from app.telemetry import mfu
+
+            per_device = summary["tokens_per_sec"] / dist.world_size
+            summary["mfu"] = mfu(per_device, run.flops_per_token, run.peak_tflops)
+        if run.logger is not None:
+            run.logger.close()
+    summary["wall_time_s"] = time.perf_counter() - started
+    if dist.is_main and summary.get("run_dir"):
+        Path(summary["run_dir"]).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(Path(summary["run_dir"]) / "summary.json", summary)
+    reporter.set_attrs(
+        {
+            k: summary.get(k)
+            for k in (
+                "micro_batch_size",
+                "grad_accum_steps",
+                "effective_batch_size",
+                "peak_memory_bytes",
+                "tokens_per_sec",
+                "run_dir",
+                "status",
+            )
+        }
+    )
+    del run
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    shutdown(dist)

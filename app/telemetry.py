@@ -1,0 +1,144 @@
+"""Everything a run reports: TensorBoard, metrics.jsonl, summary.json, NVML, throughput and MFU.
+
+NVML is sampled by a background thread about once a second, so reading GPU utilization, power
+and temperature never sits on the training hot path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def flops_per_token(num_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:
+    """Training FLOPs per token: 6N for the matmuls with weights (forward + backward) plus
+    12 * L * H * Q * T for attention scores and values (PaLM appendix B, as in nanoGPT)."""
+    return 6 * num_params + 12 * n_layer * n_head * head_dim * seq_len
+
+
+def mfu(tokens_per_sec: float, flops_per_tok: int, peak_tflops: float | None) -> float | None:
+    """Achieved FLOP/s over the dense peak; None when the device's peak is unknown."""
+    if not peak_tflops:
+        return None
+    return tokens_per_sec * flops_per_tok / (peak_tflops * 1e12)
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class NvmlSampler:
+    """Samples utilization, memory, power and temperature of one GPU in a daemon thread."""
+
+    def __init__(self, index: int, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self.latest: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._handle = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception as exc:  # no NVML: the rest of the telemetry still works
+            log.info("NVML unavailable (%s): no GPU utilization/power/temperature", exc)
+        self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+
+    def start(self) -> NvmlSampler:
+        if self._handle is not None:
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.latest = self.sample()
+
+    def sample(self) -> dict[str, float]:
+        nv, h = self._nvml, self._handle
+        out: dict[str, float] = {}
+        try:
+            out["system/gpu_utilization_pct"] = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+            out["system/gpu_memory_used_mb"] = nv.nvmlDeviceGetMemoryInfo(h).used / 2**20
+            out["system/gpu_power_w"] = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+            out["system/gpu_temperature_c"] = float(
+                nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
+            )
+        except Exception:  # a field some boards do not report
+            pass
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
+    stats = torch.cuda.memory_stats(device)
+    return {
+        "system/gpu_memory_allocated_mb": stats.get("allocated_bytes.all.current", 0) / 2**20,
+        "system/gpu_memory_reserved_mb": stats.get("reserved_bytes.all.current", 0) / 2**20,
+        "system/gpu_memory_max_allocated_mb": stats.get("allocated_bytes.all.peak", 0) / 2**20,
+        "system/gpu_alloc_retries": float(stats.get("num_alloc_retries", 0)),
+        "system/gpu_ooms": float(stats.get("num_ooms", 0)),
+    }
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return _process_peak_rss()
+
+
+def _process_peak_rss() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+class RunLogger:
+    """One place that writes scalars: TensorBoard and metrics.jsonl, on the main rank only."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True, nvml_index: int | None = None) -> None:
+        self.run_dir = run_dir
+        self.enabled = enabled
+        self._tb = None
+        self._jsonl = None
+        self.nvml = NvmlSampler(nvml_index).start() if nvml_index is not None else None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            # Kept open for the whole run, line-buffered, closed in close().
+            self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
+
+    def log(self, step: int, metrics: dict[str, float | None]) -> None:
+        if not self.enabled:
+            return
+        values = {k: float(v) for k, v in metrics.items() if v is not None}
+        if self.nvml is not None:
+            values.update(self.nvml.latest)
+        for key, value in values.items():
+            self._tb.add_scalar(key, value, step)
+        self._jsonl.write(json.dumps({"step": step, **values}) + "\n")
+
+    def text(self, tag: str, text: str) -> None:
+        if self._tb is not None:
+            self._tb.add_text(tag, text, 0)
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            self.nvml.stop()
+        if self._tb is not None:
+            self._tb.close()
+        if self._jsonl is not None:
+            self._jsonl.close()

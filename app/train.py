@@ -1,0 +1,46 @@
+"""Entrypoint: `python -m app.train [GROUP=OPTION ...] [key=value ...]`.
+
+`main()` is the Hydra task and returns the objective, so the same function is the Optuna objective
+under `-m hpo=optuna`. Heavy imports (torch, transformers) wait until a run really starts, so
+`--help` and `--cfg job` answer at once.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from app.config import ConfigError, register_configs
+from app.preflight import preflight
+
+register_configs()
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> float | list[float]:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from app.objective import objective_value
+    from app.runner import run_training
+
+    hc = HydraConfig.get()
+    try:
+        summary = run_training(cfg, run_dir=hc.runtime.output_dir)
+    except ConfigError as exc:
+        if hc.mode == RunMode.MULTIRUN:
+            raise  # the sweeper records the trial as failed with this message
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    return objective_value(summary, cfg.objective)
+
+
+def cli() -> None:
+    preflight(sys.argv[1:])
+    main()
+
+
+if __name__ == "__main__":
+    cli()
