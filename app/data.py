@@ -466,6 +466,9 @@ def make_step_loader(
         sampler=range(start_step, start_step + num_steps),
         num_workers=num_workers,
         pin_memory=pin_memory,  # valid without workers too: the main process pins
+        # Its own generator: drawing the workers' base seed from the global RNG would shift
+        # dropout masks, and a resumed run would no longer follow the uninterrupted one.
+        generator=torch.Generator().manual_seed(dataset.seed),
         **kwargs,
     )
 

@@ -1,0 +1,63 @@
+"""Shared test helpers: tiny configs composed the way Hydra composes them, on CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Small enough that a whole run takes a few seconds on two shared cores.
+TINY = [
+    "gpu=cpu",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "model.max_position_embeddings=64",
+    "data.seq_len=32",
+    "data.builtin_num_docs=300",
+    "training.effective_batch_size=8",
+    "training.micro_batch_size=4",
+    "training.max_steps=6",
+    "training.eval_every=3",
+    "training.log_every=1",
+    "training.eval_batches=2",
+    "training.warmup_steps=2",
+    "training.progress_bar=false",
+]
+
+
+def tiny(tmp_path: Path, *extra: str) -> list[str]:
+    return [*TINY, f"data.cache_dir={tmp_path / 'cache'}", *extra]
+
+
+def compose(overrides: list[str]):
+    from app.preflight import compose as _compose
+
+    return _compose("train", overrides)
+
+
+def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "app.train", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

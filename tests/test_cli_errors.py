@@ -1,0 +1,114 @@
+"""Bad input ends the process with one line naming the setting, before any work is done."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.config import ConfigError, validate
+from app.preflight import one_line, split_argv
+from tests.conftest import compose, run_cli, tiny
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("training.effective_batch_size=0", "training.effective_batch_size=0"),
+        ("training.micro_batch_size=-4", "training.micro_batch_size=-4"),
+        ("training.micro_batch_size=64", "larger than training.effective_batch_size=32"),
+        ("model.n_head=5", "model.n_embd=128 must be divisible by model.n_head=5"),
+        ("data.seq_len=1000", "data.seq_len=1000 exceeds model.max_position_embeddings"),
+        ("precision=bf16", None),  # fine on CPU: bf16 autocast is allowed there
+    ],
+)
+def test_validate_names_the_key(override, needle):
+    cfg = compose([override])
+    if needle is None:
+        validate(cfg)
+        return
+    with pytest.raises(ConfigError) as exc:
+        validate(cfg)
+    assert needle in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_bf16_on_pre_ampere_preset_is_rejected_without_a_device():
+    with pytest.raises(ConfigError, match=r"precision=bf16 is not supported by gpu=t4"):
+        validate(compose(["gpu=t4", "precision=bf16"]))
+
+
+def test_unknown_option_lists_the_allowed_ones():
+    with pytest.raises(Exception) as exc:
+        compose(["gpu=rtx9090"])
+    line = one_line(exc.value)
+    assert line.startswith("gpu=rtx9090 is not an option of 'gpu'")
+    assert "rtx4090" in line and "h100" in line and "\n" not in line
+
+
+def test_misspelled_key_names_it_and_the_known_keys():
+    with pytest.raises(Exception) as exc:
+        compose(["training.lr_typo=1"])
+    line = one_line(exc.value)
+    assert line.startswith("training.lr_typo: no such setting in training")
+    assert "effective_batch_size" in line
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(Exception) as exc:
+        compose(["training.max_steps=many"])
+    assert one_line(exc.value).startswith("training.max_steps:")
+
+
+def test_split_argv_skips_hydra_flags_and_multirun():
+    assert split_argv(["--cfg", "job", "gpu=cpu", "hydra.run.dir=x"]) == ("train", ["gpu=cpu"])
+    assert split_argv(["-m", "hpo=optuna"]) is None
+    assert split_argv(["--help"]) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["gpu=rtx9090"], "gpu=rtx9090 is not an option"),
+        (["training.lr_typo=1"], "training.lr_typo: no such setting"),
+        (["training.effective_batch_size=0"], "training.effective_batch_size=0"),
+        (["training.micro_batch_size=64"], "training.micro_batch_size=64"),
+        (["model.n_embd=130"], "must be divisible by model.n_head"),
+        (["gpu=t4", "precision=bf16"], "precision=bf16 is not supported by gpu=t4"),
+        (["data=text_files", "data.seq_len=64", "data.paths=[/nonexistent/*.txt]"], "data.paths"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+    proc = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and needle in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
+def test_cuda_preset_without_cuda(tmp_path):
+    shown = run_cli("gpu=rtx4090", "precision=bf16", "--cfg", "job")
+    assert shown.returncode == 0, shown.stderr
+    assert "name: rtx4090" in shown.stdout and "name: bf16" in shown.stdout
+    proc = run_cli("gpu=rtx4090", "precision=bf16", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and "gpu=rtx4090 needs a CUDA device" in lines[0]
+    assert "gpu=cpu or gpu=auto" in lines[0]
+
+
+@pytest.mark.slow
+def test_corrupt_checkpoint_on_resume_is_one_line_and_untouched(tmp_path):
+    ckpt_dir = tmp_path / "run" / "checkpoints"
+    ckpt_dir.mkdir(parents=True)
+    bad = ckpt_dir / "step_00000004.pt"
+    bad.write_bytes(b"not a checkpoint")
+    proc = run_cli(*tiny(tmp_path), "training.resume=auto", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2, proc.stderr
+    assert "training.resume: checkpoint" in proc.stderr and "unreadable" in proc.stderr
+    assert bad.read_bytes() == b"not a checkpoint"
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step_00000004.pt"]
