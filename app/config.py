@@ -81,7 +81,6 @@ class DataConfig:
     pin_memory: bool | None = None  # null: on for CUDA
     persistent_workers: bool = True
     prefetch_factor: int = 2
-    drop_last: bool = True
     seed: int = 1234
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -60,6 +61,16 @@ def global_sum(value: float, info: DistInfo, device: torch.device) -> torch.Tens
     t = torch.tensor(float(value), device=device)
     dist.all_reduce(t)
     return t
+
+
+def shared_run_dir(run_dir: Path, info: DistInfo) -> Path:
+    """Rank 0's run directory for every rank: Hydra stamps each rank's own with its start time,
+    and `training.resume=auto` must find the same checkpoints everywhere."""
+    if not info.enabled:
+        return run_dir
+    box = [str(run_dir)]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
 
 
 def shutdown(info: DistInfo) -> None:

@@ -13,10 +13,12 @@ import torch
 from omegaconf import DictConfig
 
 from app import checkpoint as ckpt
+from app.autobatch import describe as describe_choice
+from app.autobatch import plan_scalars
 from app.batching import BatchPlan, fixed_plan
 from app.config import validate
 from app.data import StepDataset, load_token_data, make_step_loader, resolve_num_workers
-from app.distributed import DistInfo, init_distributed, shutdown, wrap_ddp
+from app.distributed import DistInfo, init_distributed, shared_run_dir, shutdown, wrap_ddp
 from app.faults import FaultInjector
 from app.hardware import DeviceInfo, detect_device, effective_preset
 from app.loop import Run, peak_memory, restore, train
@@ -36,8 +38,9 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     started = time.perf_counter()
     run_dir = Path(run_dir)
     validate(cfg)
-    dist = init_distributed("cuda" if torch.cuda.is_available() else "cpu")
     device = detect_device(cfg.gpu)
+    dist = init_distributed(device.type)
+    run_dir = shared_run_dir(run_dir, dist)
     preset = effective_preset(cfg.gpu, device)
     precision = resolve_precision(cfg.precision.name, device, preset)
     resume_from = ckpt.find_resume_checkpoint(cfg.training.resume, run_dir)
@@ -105,6 +108,7 @@ def build_run(
         ),
         peak_tflops=device.peak_tflops.get(precision.name),
         num_params=shape.num_params,
+        on_plan_change=plan_listener(cfg, model, device, preset, precision, dist),
     )
     if state is not None:
         restore(run, state)
@@ -122,6 +126,15 @@ def choose_plan(cfg, model, data, device, preset, precision, dist) -> BatchPlan:
 
         return auto_plan(cfg, model, data, device, preset, precision, dist)
     return fixed_plan(t.effective_batch_size, t.micro_batch_size, dist.world_size, dist.rank)
+
+
+def plan_listener(cfg, model, device, preset, precision, dist):
+    """Run.on_plan_change: an auto run that recovers from an OOM teaches the micro-batch cache."""
+    if cfg.training.micro_batch_size != "auto" or not dist.is_main:
+        return None
+    from app.autobatch import oom_listener
+
+    return oom_listener(cfg, model, device, preset, precision)
 
 
 def step_loader(cfg, blocks, plan: BatchPlan, start_step, preset, device, dist):
@@ -188,6 +201,7 @@ def print_banner(summary, device: DeviceInfo, precision: PrecisionPlan, run: Run
         f"device     {device.type}: {device.name}{mem} (preset {device.preset})",
         f"precision  {precision.name}: {precision.reason}",
         f"batch      {run.plan.describe()}",
+        *([f"autobatch  {how}"] if (how := describe_choice(run.plan)) else []),
         f"tokens     {summary['tokens_per_step']:,} per optimizer step "
         f"(seq_len {summary['seq_len']}), {summary['num_params']:,} parameters",
         f"steps      {run.start_step} -> {run.cfg.max_steps}; run dir {run.run_dir}",
@@ -196,6 +210,7 @@ def print_banner(summary, device: DeviceInfo, precision: PrecisionPlan, run: Run
     print("\n".join(lines), flush=True)
     if run.logger is not None:
         run.logger.text("run/plan", "\n\n".join(lines))
+        run.logger.log(run.start_step, plan_scalars(run.plan))
 
 
 def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
