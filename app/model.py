@@ -34,9 +34,17 @@ def build_model(cfg: DictConfig, vocab_size: int) -> torch.nn.Module:
     else:
         model = _from_config(cfg, _model_vocab(cfg, vocab_size))
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     model.config.use_cache = False  # no KV cache while training: it only costs memory
     return model
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    kwargs = {"use_reentrant": False}  # the reentrant variant is deprecated in torch
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 renamed it
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _model_vocab(cfg: DictConfig, tokenizer_vocab: int) -> int:
