@@ -142,7 +142,8 @@ class TrainConfig:
     training: TrainingConfig = MISSING
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     hpo: Any = None  # set by hpo=optuna; read by the sweeper and the trial reporter
-    objective: str = "final_val_loss"  # summary.json key main() returns
+    # summary.json key main() returns, or a list of keys for multi-objective studies
+    objective: Any = "final_val_loss"
 
 
 def register_configs() -> None:

@@ -1,0 +1,104 @@
+"""What a sweep leaves in its directory: optimization_results.yaml and TensorBoard hparams."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import optuna
+from omegaconf import OmegaConf
+from optuna.trial import FrozenTrial, TrialState
+
+log = logging.getLogger(__name__)
+
+RESULTS_FILE = "optimization_results.yaml"
+
+
+def _trial_entry(t: FrozenTrial) -> dict[str, Any]:
+    return {
+        "number": t.number,
+        "values": list(t.values or []),
+        "params": dict(t.params),
+        "run_dir": t.user_attrs.get("run_dir"),
+    }
+
+
+def summarize(study: optuna.Study, storage: str, metrics: list[str]) -> dict[str, Any]:
+    trials = study.get_trials(deepcopy=False)
+    data: dict[str, Any] = {
+        "name": "optuna",
+        "study_name": study.study_name,
+        "storage": storage,
+        "directions": [d.name.lower() for d in study.directions],
+        "metrics": metrics,
+        "trials": dict(Counter(t.state.name for t in trials)),
+    }
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not complete:
+        return data
+    if len(study.directions) == 1:
+        best = study.best_trial
+        data.update(
+            best_trial=best.number,
+            best_value=best.value,
+            best_params=dict(best.params),
+            best_run_dir=best.user_attrs.get("run_dir"),
+        )
+    else:
+        data["best_trials"] = [_trial_entry(t) for t in study.best_trials]  # Pareto front
+    return data
+
+
+def write_results(study: optuna.Study, storage: str, metrics: list[str], sweep_dir: str) -> Path:
+    """Atomically (re)write the results; the last worker to finish leaves the final picture."""
+    path = Path(sweep_dir, RESULTS_FILE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    OmegaConf.save(OmegaConf.create(summarize(study, storage, metrics)), tmp)
+    os.replace(tmp, path)
+    return path
+
+
+class HParamsWriter:
+    """One TensorBoard hparams run per trial under <sweep dir>/tensorboard (HParams tab)."""
+
+    def __init__(self, sweep_dir: str) -> None:
+        self.root = str(Path(sweep_dir, "tensorboard"))
+        self._writer: Any = None
+
+    def write(self, trial: FrozenTrial, metrics: list[str]) -> None:
+        try:
+            self._write(trial, metrics)
+        except Exception as e:  # TensorBoard is a convenience; never fail a sweep over it
+            log.warning("TensorBoard hparams for trial %d not written: %s", trial.number, e)
+
+    def _write(self, trial: FrozenTrial, metrics: list[str]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        if self._writer is None:
+            self._writer = SummaryWriter(log_dir=self.root)
+        hparams: dict[str, Any] = {k: _hparam(v) for k, v in trial.params.items()}
+        hparams["state"] = trial.state.name
+        values = list(trial.values or [])
+        scores = {
+            f"hpo/{m}": (values[i] if i < len(values) else math.nan) for i, m in enumerate(metrics)
+        }
+        if trial.intermediate_values:
+            scores["hpo/last_reported"] = trial.intermediate_values[max(trial.intermediate_values)]
+        for key in ("tokens_per_sec", "peak_memory_bytes", "micro_batch_size"):
+            if isinstance(trial.user_attrs.get(key), int | float):
+                scores[f"trial/{key}"] = float(trial.user_attrs[key])
+        self._writer.add_hparams(hparams, scores, run_name=f"trial_{trial.number:04d}")
+        self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _hparam(value: Any) -> Any:
+    return value if isinstance(value, bool | int | float | str) else str(value)

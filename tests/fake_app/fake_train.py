@@ -1,0 +1,69 @@
+"""A fake trainer with the real contract: reporter, outcomes, summary.json, return value.
+
+The loss curve is a deterministic function of the sampled lr, so tests can predict pruning.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from app.objective import build_reporter, objective_value
+from app.outcomes import Diverged, Pruned, TrainingOOM
+
+_KEEP: list[bytearray] = []
+
+
+def loss_at(step: int, lr: float) -> float:
+    quality = abs(math.log10(lr) - math.log10(3e-3))  # 0 at the best lr
+    return 2.0 + quality + 3.0 * math.exp(-step / 10)
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float | list[float]:
+    t, f = cfg.training, cfg.fake
+    reporter = build_reporter(cfg)
+    hpo = cfg.get("hpo")
+    if f.crash_at_trial is not None and hpo is not None and hpo.trial_number == f.crash_at_trial:
+        time.sleep(f.step_sleep)
+        os._exit(9)  # like kill -9: no tell, no cleanup
+    if f.leak_mb:
+        _KEEP.append(bytearray(int(f.leak_mb) * 2**20))
+    if f.oom_above_batch is not None and t.effective_batch_size > f.oom_above_batch:
+        raise TrainingOOM(f"fake OOM at effective batch {t.effective_batch_size}")
+    if f.error_above_lr is not None and t.lr > f.error_above_lr:
+        raise RuntimeError(f"fake error at lr {t.lr}")
+    loss = float("nan")
+    for step in range(0, t.max_steps + 1, t.eval_every):
+        time.sleep(f.step_sleep)
+        loss = loss_at(step, t.lr)
+        if f.diverge_above_lr is not None and t.lr > f.diverge_above_lr and step > 0:
+            raise Diverged(f"validation loss is nan at step {step}")
+        if reporter.report(step, {"val_loss": loss, "final_val_loss": loss}):
+            raise Pruned(f"pruned at step {step}")
+    run_dir = HydraConfig.get().runtime.output_dir
+    summary = {
+        "status": "completed",
+        "final_val_loss": loss,
+        "tokens_per_sec": 1000.0 * t.effective_batch_size,
+        "micro_batch_size": t.micro_batch_size,
+        "grad_accum_steps": 1,
+        "effective_batch_size": t.effective_batch_size,
+        "peak_memory_bytes": 1,
+        "run_dir": run_dir,
+    }
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    Path(run_dir, "summary.json").write_text(json.dumps(summary))
+    reporter.set_attrs({k: summary[k] for k in summary if k != "final_val_loss"})
+    return objective_value(summary, cfg.objective)
+
+
+if __name__ == "__main__":
+    main()
