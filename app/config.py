@@ -93,6 +93,7 @@ class AutoBatchConfig:
     max_probe_seconds: float = 120.0
     throughput_aware: bool = True
     cache: bool = True
+    cache_dir: str | None = None  # null: <data.cache_dir>/autobatch
     cpu_max_micro_batch: int = 64
     cpu_memory_fraction: float = 0.5
     oom_recovery: bool = True

@@ -148,13 +148,17 @@ def release_after_oom(run: Run) -> None:
 
 
 def shrink_micro_batch(run: Run, step: int, error: str | None) -> None:
+    """Halve the micro-batch; the accumulation follows from the plan, so the effective batch
+    stays exact. Raises TrainingOOM when micro-batch 1 ran out (or recovery is off)."""
     current = run.plan.micro_batch_size
-    ooms = run.plan.details.get("oom_count", 0) + 1
+    counts = {"oom_count": run.plan.details.get("oom_count", 0) + 1, **_alloc_retries(run)}
+    run.plan.details.update(counts)  # summary.json reports them even when the run ends here
+    _log_oom(run, step, counts)
     if current <= 1 or not run.cfg.auto_batch.oom_recovery:
         raise TrainingOOM(f"out of memory at micro-batch {current} (step {step}): {error}")
     smaller = max(1, current // 2)
     run.plan = run.plan.with_micro_batch(
-        smaller, "reduced_after_oom", oom_count=ooms, oom_at_step=step, reduced_from=current
+        smaller, "reduced_after_oom", oom_at_step=step, reduced_from=current, **counts
     )
     log.warning(
         "OOM at step %d with micro-batch %d: retrying the step with %d (%s)",
@@ -165,6 +169,20 @@ def shrink_micro_batch(run: Run, step: int, error: str | None) -> None:
     )
     if run.on_plan_change is not None:
         run.on_plan_change(run.plan)
+
+
+def _alloc_retries(run: Run) -> dict[str, int]:
+    # cudaMalloc retries after freeing cached blocks: the allocator's warning sign before an OOM.
+    if run.device.type != "cuda":
+        return {}
+    return {"alloc_retries": int(torch.cuda.memory_stats(run.device).get("num_alloc_retries", 0))}
+
+
+def _log_oom(run: Run, step: int, counts: dict[str, int]) -> None:
+    metrics = {f"train/{k}": float(v) for k, v in counts.items()}
+    run.history.append({"step": step, **metrics})
+    if run.logger is not None:
+        run.logger.log(step, metrics)
 
 
 @torch.no_grad()
@@ -217,25 +235,70 @@ def restore(run: Run, state: dict[str, Any]) -> None:
 
 
 class Throughput:
-    """Tokens/s over log windows, excluding eval and checkpoint time."""
+    """Tokens/s over log windows, excluding eval and checkpoint time.
 
-    def __init__(self) -> None:
+    Wall time is read only at log points, just after the window's one host sync (the loss
+    `.item()`), so it is exact without a per-step synchronize. Step timing uses marks: a CUDA
+    event recorded on the stream (no sync) or, on CPU, a host clock reading, taken by
+    `mark_step()` after each step and at window edges. Their elapsed times are read only in
+    `close_window()`, when the events have completed, so reading them never waits either.
+    """
+
+    def __init__(self, device: torch.device | None = None) -> None:
         self.window_start = time.perf_counter()
         self.paused = 0.0
         self.windows: list[tuple[int, float]] = []  # (tokens, seconds)
+        self.device = device
+        # ("origin" | "step" | "end", mark): a step is timed from the mark before it.
+        self._marks: list[tuple[str, Any]] = [] if device is None else [("origin", self._mark())]
+        self.step_times: list[float] = []  # of the last closed window, when steps were marked
+        self.device_seconds: float | None = None  # of the last closed window
+
+    def _mark(self) -> Any:
+        if self.device is not None and self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def mark_step(self) -> None:
+        if self.device is not None:
+            self._marks.append(("step", self._mark()))
 
     @contextlib.contextmanager
     def pause(self):
         t0 = time.perf_counter()
         yield
         self.paused += time.perf_counter() - t0
+        if self._marks:  # the next step is timed from here, not across the eval
+            self._marks.append(("origin", self._mark()))
 
-    def close_window(self, tokens: int) -> float:
+    def close_window(self, tokens: int, device: torch.device | None = None) -> float:
+        """Close the window (call after a host sync); returns its wall seconds."""
         now = time.perf_counter()
         seconds = max(now - self.window_start - self.paused, 1e-9)
         self.windows.append((tokens, seconds))
         self.window_start, self.paused = now, 0.0
+        if self.device is None and device is not None:
+            self.device = device  # timed from the next window on
+        self._read_marks()
         return seconds
+
+    def _read_marks(self) -> None:
+        self.step_times, self.device_seconds = [], None
+        if self.device is None:
+            return
+        self._marks.append(("end", self._mark()))
+        if self.device.type == "cuda":
+            self._marks[-1][1].synchronize()  # already done: the caller synced for the loss
+        segments = [
+            (kind, _elapsed(a, b))
+            for (_, a), (kind, b) in zip(self._marks, self._marks[1:], strict=False)
+            if kind != "origin"
+        ]
+        self.step_times = [s for kind, s in segments if kind == "step"]
+        self.device_seconds = sum(s for _, s in segments) if segments else None
+        self._marks = [("origin", self._marks[-1][1])]
 
     def steady_tokens_per_sec(self) -> float | None:
         # The first window holds compilation, cudnn autotuning and allocator warm-up.
@@ -243,6 +306,12 @@ class Throughput:
         if not windows:
             return None
         return sum(t for t, _ in windows) / sum(s for _, s in windows)
+
+
+def _elapsed(start: Any, end: Any) -> float:
+    if isinstance(start, float):
+        return end - start
+    return start.elapsed_time(end) / 1000.0  # CUDA events: milliseconds
 
 
 def train(run: Run) -> dict[str, Any]:
@@ -284,7 +353,7 @@ def _log_window(run, done, window, meter, grad_norm, tokens_per_step, summary, b
     train_loss = window["loss"].item() / max(window["tokens"], 1)  # the one sync of the window
     if not math.isfinite(train_loss):
         raise Diverged(f"train loss is {train_loss} at step {done}")
-    seconds = meter.close_window(window["steps"] * tokens_per_step)
+    seconds = meter.close_window(window["steps"] * tokens_per_step, run.device)
     step_time = seconds / window["steps"]
     tok_s = tokens_per_step / step_time
     metrics: dict[str, float | None] = {
@@ -298,8 +367,11 @@ def _log_window(run, done, window, meter, grad_norm, tokens_per_step, summary, b
         "train/grad_accum_steps": float(run.plan.grad_accum_steps),
         "train/mfu": _mfu(run, tok_s),
     }
+    metrics.update(_step_timing(meter, window["steps"]))
     if run.device.type == "cuda":
         metrics.update(cuda_memory_metrics(run.device))
+    else:
+        metrics["system/peak_rss_mb"] = peak_memory_bytes(run.device) / 2**20
     summary["final_train_loss"] = train_loss
     run.history.append({"step": done, **metrics})
     if run.logger is not None:
@@ -308,6 +380,16 @@ def _log_window(run, done, window, meter, grad_norm, tokens_per_step, summary, b
         bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
     window["loss"].zero_()
     window["tokens"] = window["steps"] = 0
+
+
+def _step_timing(meter: Throughput, steps: int) -> dict[str, float]:
+    """Device-side step time (CUDA events) and the slowest step, when the loop marks steps."""
+    out = {}
+    if meter.device_seconds is not None:
+        out["train/device_step_time_s"] = meter.device_seconds / steps
+    if meter.step_times:
+        out["train/step_time_max_s"] = max(meter.step_times)
+    return out
 
 
 def _mfu(run: Run, tokens_per_sec: float) -> float | None:

@@ -88,6 +88,7 @@ def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
         "system/gpu_memory_allocated_mb": stats.get("allocated_bytes.all.current", 0) / 2**20,
         "system/gpu_memory_reserved_mb": stats.get("reserved_bytes.all.current", 0) / 2**20,
         "system/gpu_memory_max_allocated_mb": stats.get("allocated_bytes.all.peak", 0) / 2**20,
+        "system/gpu_memory_max_reserved_mb": stats.get("reserved_bytes.all.peak", 0) / 2**20,
         "system/gpu_alloc_retries": float(stats.get("num_alloc_retries", 0)),
         "system/gpu_ooms": float(stats.get("num_ooms", 0)),
     }

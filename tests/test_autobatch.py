@@ -1,0 +1,315 @@
+"""training.micro_batch_size=auto: the probe, the choice, the cache (app/autobatch.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import app.loop as loop
+from app import autobatch
+from app import checkpoint as ckpt
+from app.distributed import DistInfo
+from app.outcomes import TrainingOOM
+from app.preflight import compose
+
+TINY = [
+    "gpu=cpu",
+    "model.n_layer=1",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "data.seq_len=32",
+    "data.builtin_num_docs=300",
+    "training.max_steps=6",
+    "training.eval_every=3",
+    "training.log_every=1",
+    "training.progress_bar=false",
+]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # The CPU is shared: two intra-op threads spinning against other jobs make steps 5x slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def shared_data_cache(tmp_path_factory) -> Path:
+    # Token caches are keyed by content, so sharing them is safe and saves a corpus build per test.
+    return tmp_path_factory.mktemp("data-cache")
+
+
+@pytest.fixture
+def cache_dir(shared_data_cache) -> Path:
+    """data.cache_dir for one test: shared token data, no micro-batch cache from other tests."""
+    shutil.rmtree(shared_data_cache / "autobatch", ignore_errors=True)
+    return shared_data_cache
+
+
+def tiny_cfg(cache: Path, *overrides: str, base: list[str] = TINY):
+    return compose("train", [*base, f"data.cache_dir={cache}", *overrides])
+
+
+def parts(cfg):
+    """What runner.build_run hands to auto_plan, without the rest of the run."""
+    from app.data import load_token_data
+    from app.hardware import detect_device, effective_preset
+    from app.model import build_model
+    from app.precision import resolve_precision
+
+    data = load_token_data(cfg.data)
+    device = detect_device(cfg.gpu)
+    preset = effective_preset(cfg.gpu, device)
+    precision = resolve_precision(cfg.precision.name, device, preset)
+    torch.manual_seed(cfg.training.seed)
+    model = build_model(cfg.model, data.vocab_size)
+    return model, data, device, preset, precision
+
+
+def plan_for(cfg):
+    model, data, device, preset, precision = parts(cfg)
+    return autobatch.auto_plan(cfg, model, data, device, preset, precision, DistInfo())
+
+
+@pytest.fixture
+def probe_steps(monkeypatch):
+    """Counts the micro-batches the probe trains (every probe step goes through _steps)."""
+    counted: list[int] = []
+    original = autobatch.Probe._steps
+
+    def counting(self, micro, warmup, timed):
+        counted.extend([micro] * (warmup + timed))
+        return original(self, micro, warmup, timed)
+
+    monkeypatch.setattr(autobatch.Probe, "_steps", counting)
+    return counted
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# --- the choice (pure) -----------------------------------------------------------------------
+
+
+def trial(sps=None, oom=False, peak=0.1):
+    return {"oom": oom, "peak_fraction": None if oom else peak, "samples_per_sec": sps}
+
+
+def test_choice_takes_the_fastest_fit_near_the_top_not_the_largest():
+    trials = {8: trial(900.0), 16: trial(1000.0), 32: trial(700.0), 64: trial(oom=True)}
+    assert autobatch.choose(trials, 0.9, 64, 64, throughput_aware=True) == (16, "throughput")
+    assert autobatch.choose(trials, 0.9, 64, 64, throughput_aware=False) == (32, "largest")
+
+
+def test_choice_honours_the_memory_margin_and_sticky_failures():
+    # 32 did not crash but left less than the margin free; 8 fits yet lies above a failure at 6.
+    trials = {4: trial(peak=0.5), 16: trial(peak=0.8), 32: trial(peak=0.95)}
+    assert autobatch.choose(trials, 0.9, 64, 64, throughput_aware=False) == (16, "largest")
+    trials |= {6: trial(oom=True), 8: trial(peak=0.6)}
+    assert autobatch.choose(trials, 0.9, 64, 64, throughput_aware=False) == (4, "largest")
+
+
+def test_choice_trims_to_the_split_and_raises_when_nothing_fits():
+    assert autobatch.fit_split(32, 12) == 11  # 32 = 11 + 11 + 10
+    assert autobatch.split_candidates(32, 12) == [11, 8, 7]
+    trials = {12: trial(), 13: trial(oom=True)}
+    assert autobatch.choose(trials, 0.9, 32, 32, throughput_aware=False) == (11, "largest")
+    with pytest.raises(TrainingOOM):
+        autobatch.choose({1: trial(oom=True)}, 0.9, 32, 32, throughput_aware=True)
+
+
+# --- the probe -------------------------------------------------------------------------------
+
+
+def test_probe_honours_injected_ooms_and_leaves_model_optimizer_and_rng_untouched(
+    cache_dir, probe_steps
+):
+    cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto", "faults.oom_above_micro_batch=12")
+    model, data, device, preset, precision = parts(cfg)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = ckpt.rng_state()
+    plan = autobatch.auto_plan(cfg, model, data, device, preset, precision, DistInfo())
+
+    assert plan.source == "probed" and plan.micro_batch_size <= 12
+    assert sum(plan.micro_sizes) == 32 and max(plan.micro_sizes) == plan.micro_batch_size
+    rows = {r["micro"]: r for r in plan.details["candidates"]}
+    assert rows[12]["fits"] and rows[13]["oom"] and not rows[13]["fits"]  # bisected to 12|13
+    assert all(r["oom"] for m, r in rows.items() if m > 12)
+    assert max(probe_steps) > 12  # the probe really tried (and failed) above the limit
+    torch.testing.assert_close(model.state_dict(), before, rtol=0, atol=0)
+    assert all(p.grad is None for p in model.parameters())
+    assert model.training
+    assert torch.equal(torch.get_rng_state(), rng["torch"])
+
+
+def test_probe_optimizer_state_does_not_leak_into_the_run(cache_dir):
+    # build_run makes the run's optimizer after the probe: it must start empty.
+    from app.optim import build_optimizer
+
+    cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto")
+    model, data, device, preset, precision = parts(cfg)
+    autobatch.auto_plan(cfg, model, data, device, preset, precision, DistInfo())
+    assert not build_optimizer(model, cfg.training, on_cuda=False).state
+
+
+def test_cpu_probe_of_the_default_model_takes_seconds_within_its_bounds(cache_dir, probe_steps):
+    base = ["gpu=cpu", "data.builtin_num_docs=300"]  # the default tiny_gpt2 at seq_len 128
+    cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto", base=base)
+    plan = plan_for(cfg)
+    ab = cfg.training.auto_batch
+    d = plan.details
+    assert d["probe_seconds"] <= ab.max_probe_seconds and d["probe_steps"] <= ab.max_probe_steps
+    assert d["probe_seconds"] < 30  # "seconds, not minutes", with slack for a loaded machine
+    assert len(probe_steps) == d["probe_steps"]
+    assert max(probe_steps) <= min(ab.cpu_max_micro_batch, cfg.training.effective_batch_size)
+
+
+def test_probe_stops_at_its_step_bound_with_the_best_fit_so_far(cache_dir, probe_steps):
+    cfg = tiny_cfg(
+        cache_dir,
+        "training.micro_batch_size=auto",
+        "training.auto_batch.max_probe_steps=5",
+        "training.auto_batch.throughput_aware=false",
+    )
+    plan = plan_for(cfg)
+    assert len(probe_steps) == plan.details["probe_steps"] <= 5
+    assert plan.micro_batch_size == 2  # 1 and 2 fit (2 steps each); 4 would pass the bound
+
+
+# --- end to end: faults.oom_above_micro_batch=12 --------------------------------------------
+
+
+def run_recording_steps(cfg, run_dir: Path, monkeypatch) -> tuple[dict, list[list[int]]]:
+    """run_training, recording the micro-batch sizes of each optimizer step's last attempt."""
+    from app.runner import run_training
+
+    steps: list[list[int]] = []
+    orig_step, orig_loss = loop.train_step, loop.loss_sum
+
+    def train_step(run, blocks, step):
+        steps.append([])
+        return orig_step(run, blocks, step)
+
+    def loss_sum(run, x, y):
+        if torch.is_grad_enabled() and steps:
+            steps[-1].append(len(x))
+        return orig_loss(run, x, y)
+
+    monkeypatch.setattr(loop, "train_step", train_step)
+    monkeypatch.setattr(loop, "loss_sum", loss_sum)
+    try:
+        return run_training(cfg, run_dir), steps
+    finally:
+        monkeypatch.setattr(loop, "train_step", orig_step)
+        monkeypatch.setattr(loop, "loss_sum", orig_loss)
+
+
+def test_auto_under_injected_oom_trains_exactly_like_that_micro_batch_fixed(
+    cache_dir, tmp_path, monkeypatch
+):
+    faults = ["faults.oom_above_micro_batch=12", "training.auto_batch.throughput_aware=false"]
+    cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto", *faults)
+    auto, steps = run_recording_steps(cfg, tmp_path / "auto", monkeypatch)
+    assert auto["batch_source"] == "probed" and auto["micro_batch_size"] == 11
+    assert auto["micro_batch_sizes"] == [11, 11, 10]  # the uneven split keeps 32 exact
+    assert steps == [[11, 11, 10]] * 6 and auto["oom_count"] == 0
+
+    fixed_cfg = tiny_cfg(cache_dir, "training.micro_batch_size=11", *faults)
+    run_recording_steps(fixed_cfg, tmp_path / "fixed", monkeypatch)
+    a, f = read_jsonl(tmp_path / "auto/metrics.jsonl"), read_jsonl(tmp_path / "fixed/metrics.jsonl")
+    for key in ("train/loss", "val/loss", "train/grad_norm"):
+        got = [r[key] for r in a if key in r]
+        want = [r[key] for r in f if key in r]
+        assert len(got) == len(want) > 0
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    summary = json.loads((tmp_path / "auto/summary.json").read_text())
+    assert summary["batch_details"]["probe_steps"] > 0
+
+
+# --- the cache -------------------------------------------------------------------------------
+
+
+def test_same_shape_reads_the_cache_and_a_new_shape_probes_again(cache_dir, probe_steps):
+    cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto", "training.effective_batch_size=8")
+    first = plan_for(cfg)
+    assert first.source == "probed" and probe_steps
+    probe_steps.clear()
+
+    again = plan_for(cfg)
+    assert again.source == "cached" and again.details["probe_steps"] == 0 and not probe_steps
+    assert again.micro_batch_size == first.micro_batch_size
+
+    for change in ("data.seq_len=16", "precision=bf16"):
+        auto = ["training.micro_batch_size=auto", "training.effective_batch_size=8"]
+        plan = plan_for(tiny_cfg(cache_dir, *auto, change))
+        assert plan.source == "probed" and probe_steps, change
+        probe_steps.clear()
+    assert len(list((cache_dir / "autobatch").glob("microbatch-*.json"))) == 3
+
+
+def test_cache_off_always_probes(cache_dir, probe_steps):
+    cfg = tiny_cfg(
+        cache_dir,
+        "training.micro_batch_size=auto",
+        "training.auto_batch.cache=false",
+        "training.effective_batch_size=8",
+    )
+    assert plan_for(cfg).source == "probed"
+    assert plan_for(cfg).source == "probed"
+    assert not (cache_dir / "autobatch").exists()
+
+
+def test_cache_key_holds_what_changes_memory(cache_dir):
+    cfg = tiny_cfg(cache_dir)
+    model, _, device, preset, precision = parts(cfg)
+    key = autobatch.cache_key(cfg, model, device, preset, precision)
+    assert {"device", "model", "seq_len", "precision", "gradient_checkpointing", "compile"} <= set(
+        key
+    )
+    assert {"optimizer", "torch", "faults"} <= set(key)
+    base = autobatch.key_hash(key)
+    for change in ("model.gradient_checkpointing=true", "faults.oom_above_micro_batch=3"):
+        other = autobatch.cache_key(tiny_cfg(cache_dir, change), model, device, preset, precision)
+        assert autobatch.key_hash(other) != base, change
+    same = autobatch.cache_key(
+        tiny_cfg(cache_dir, "training.effective_batch_size=64"), model, device, preset, precision
+    )
+    assert autobatch.key_hash(same) == base  # the effective batch does not change memory per step
+
+
+def test_concurrent_writers_merge_and_never_corrupt(tmp_path):
+    path = tmp_path / "c" / "microbatch-x.json"
+    key = {"k": 1}
+
+    def writer(i: int) -> None:
+        for j in range(10):
+            autobatch.merge_entry(path, key, {100 * i + j: trial(float(j))}, upper=64)
+        autobatch.record_oom(path, key, 1000 + i)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    entry = autobatch.read_entry(path, key)
+    assert entry is not None and len(entry["trials"]) == 44
+    assert all(entry["trials"][1000 + i]["oom"] for i in range(4))
+    assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_a_corrupt_or_foreign_cache_file_is_ignored_and_rewritten(tmp_path):
+    path = tmp_path / "microbatch-x.json"
+    path.write_text('{"key": {"k": 1}, "trials": {"8": ')  # a torn write from elsewhere
+    assert autobatch.read_entry(path, {"k": 1}) is None
+    autobatch.merge_entry(path, {"k": 1}, {8: trial(1.0)}, upper=8)
+    assert autobatch.read_entry(path, {"k": 2}) is None  # another shape's key
+    entry = autobatch.read_entry(path, {"k": 1})
+    assert entry["trials"][8]["samples_per_sec"] == 1.0 and entry["searched_up_to"] == 8
