@@ -19,7 +19,7 @@ The micro-batch is then trimmed to the largest size of its split: 32 samples at 
 micro-batch run as 11+11+10, so the plan says 11.
 
 Cache: one JSON file per shape under `<data.cache_dir>/autobatch/` (or
-`training.auto_batch.cache_dir` when the schema has it), keyed by everything that changes memory
+`training.auto_batch.cache_dir`), keyed by everything that changes memory
 use. Writers take a file lock and merge, and write atomically, so parallel HPO workers neither
 corrupt nor lose entries. Failures are sticky: an OOM learned during a run (`record_oom`) caps
 every later run of that shape.
@@ -327,7 +327,7 @@ class Probe:
         from app.runner import maybe_compile  # the run's own compile decision
 
         cfg, tdev = self.cfg, self.device.torch_device
-        optimizer = build_optimizer(self.model, cfg.training, on_cuda=tdev.type == "cuda")
+        optimizer = build_optimizer(self.model, cfg.training)
         return Run(
             model=maybe_compile(self.model, cfg.model, self.preset),
             raw_model=self.model,
@@ -530,7 +530,7 @@ def cache_key(
     """Everything that changes the memory a micro-batch needs (not the effective batch)."""
     import transformers
 
-    m, on_cuda = cfg.model, device.type == "cuda"
+    m = cfg.model
     fused = cfg.training.fused_adamw
     return {
         "version": CACHE_VERSION,
@@ -542,7 +542,7 @@ def cache_key(
         "precision": precision.name,
         "gradient_checkpointing": bool(m.gradient_checkpointing),
         "compile": [bool(preset.compile if m.compile is None else m.compile), m.compile_mode],
-        "optimizer": ["adamw", on_cuda if fused is None else bool(fused and on_cuda)],
+        "optimizer": ["adamw", True if fused is None else bool(fused)],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "faults": OmegaConf.to_container(cfg.faults, resolve=True),

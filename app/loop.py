@@ -321,13 +321,14 @@ def train(run: Run) -> dict[str, Any]:
     tokens_per_step = run.plan.effective_batch_size * (run.val_blocks.shape[1] - 1)
     if run.start_step == 0 and cfg.eval_at_start:
         summary["initial_val_loss"] = _eval_and_report(run, 0, summary)
-    meter = Throughput()
+    meter = Throughput(run.device)
     window = {"loss": torch.zeros((), device=run.device), "tokens": 0, "steps": 0}
     bar = _progress(run)
     grad_norm = torch.zeros(())
     for step in range(run.start_step, cfg.max_steps):
         blocks = next(run.steps)
         loss, tokens, grad_norm = step_with_recovery(run, blocks, step)
+        meter.mark_step()  # a CUDA event (no sync) or a clock reading, read at the log point
         window["loss"] += loss
         window["tokens"] += tokens
         window["steps"] += 1

@@ -86,7 +86,7 @@ def build_run(
     model = build_model(cfg.model, data.vocab_size).to(tdev)
     shape = model_shape(model)
     plan = choose_plan(cfg, model, data, device, preset, precision, dist)
-    optimizer = build_optimizer(model, cfg.training, on_cuda=device.type == "cuda")
+    optimizer = build_optimizer(model, cfg.training)
     forward_model = maybe_compile(model, cfg.model, preset)
     run = Run(
         model=wrap_ddp(forward_model, dist, tdev),

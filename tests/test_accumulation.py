@@ -63,7 +63,7 @@ def _run(model, micro: int, optimizer_kind: str) -> Run:
         # the loss normalization shows. Adam's first step is ~lr * sign(grad) and would hide it.
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     else:
-        optimizer = build_optimizer(model, tcfg, on_cuda=False)
+        optimizer = build_optimizer(model, tcfg)
     return Run(
         model=model,
         raw_model=model,

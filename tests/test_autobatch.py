@@ -157,7 +157,7 @@ def test_probe_optimizer_state_does_not_leak_into_the_run(cache_dir):
     cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto")
     model, data, device, preset, precision = parts(cfg)
     autobatch.auto_plan(cfg, model, data, device, preset, precision, DistInfo())
-    assert not build_optimizer(model, cfg.training, on_cuda=False).state
+    assert not build_optimizer(model, cfg.training).state
 
 
 def test_cpu_probe_of_the_default_model_takes_seconds_within_its_bounds(cache_dir, probe_steps):

@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from app import bench
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fake_run(tps: float, mem: int, **extra) -> dict:
+    return {
+        "tokens_per_sec": tps,
+        "samples_per_sec": tps / 128,
+        "peak_memory_bytes": mem,
+        "peak_memory_kind": "peak_rss",
+        "first_step_s": 5.0,
+        "final_loss": 3.0,
+        "mfu": None,
+        "device_name": "cpu",
+        "dtype": "fp32",
+        "tokens_per_step": 4096,
+        **extra,
+    }
+
+
+def test_aggregate_takes_medians_and_skips_failures() -> None:
+    runs = [fake_run(100, 10), fake_run(300, 30), fake_run(200, 20), {"error": "exit 1: boom"}]
+    agg = bench.aggregate(runs)
+    assert agg["runs_ok"] == 3
+    assert agg["tokens_per_sec"] == 200
+    assert (agg["tokens_per_sec_min"], agg["tokens_per_sec_max"]) == (100, 300)
+    assert agg["peak_memory_bytes"] == 20
+    assert bench.aggregate([{"error": "x"}]) == {"runs_ok": 0, "errors": ["x"]}
+
+
+def test_ratios_are_relative_to_the_bare_loop_of_the_same_variant() -> None:
+    rows = [
+        {"variant": "eager", "contender": c, **bench.aggregate([fake_run(t, m)])}
+        for c, t, m in (("trainer", 98, 105), ("bare", 100, 100), ("hf", 80, 120))
+    ]
+    bench.add_ratios(rows, key=lambda r: r["variant"], baseline=lambda r: r["contender"] == "bare")
+    ratios = {r["contender"]: (r["paired_speed_ratio"], r["memory_ratio"]) for r in rows}
+    assert ratios == {
+        "trainer": pytest.approx((0.98, 1.05)),
+        "bare": (1.0, 1.0),
+        "hf": pytest.approx((0.8, 1.2)),
+    }
+
+
+def test_table_renders_rows_and_failures() -> None:
+    rows = [
+        {"variant": "eager", "contender": "bare", **bench.aggregate([fake_run(100, 2**20)])},
+        {"variant": "eager", "contender": "hf", **bench.aggregate([{"error": "exit 1: no"}])},
+    ]
+    bench.add_ratios(rows, key=lambda r: r["variant"], baseline=lambda r: r["contender"] == "bare")
+    report = {
+        "profile": "tiny",
+        "rounds": 1,
+        "warmup_steps": 1,
+        "measured_steps": 2,
+        "rows": rows,
+        "machine": {"cpu": "x", "cpus": 2, "torch": "t", "transformers": "tf", "python": "3"},
+    }
+    table = bench.benchmark_table(report)
+    bare_row = "| eager | bare | 100 | 100-100 | 1.000 | 1.000 | 1 | 1.000 | 5.0 | n/a | 3.000 |"
+    assert bare_row in table
+    assert "| eager | hf | failed: exit 1: no |" in table
+
+
+def test_ablations_start_with_the_current_default() -> None:
+    for profile in ("tiny", "gpt2_small"):
+        for name, arms in bench.ablations(profile).items():
+            assert len(arms) >= 2, name
+            assert all(a.contender in bench.CONTENDERS for a in arms)
+            assert len({a.label for a in arms}) == len(arms)
+
+
+def test_unknown_selection_is_one_line() -> None:
+    with pytest.raises(SystemExit, match="unknown: nope; choose from"):
+        bench._pick({"a": 1}, "a,nope")
+
+
+def test_step_clock_times_warmup_to_end_on_cpu() -> None:
+    clock = bench.StepClock(0.0, warmup=2, total=4, device=torch.device("cpu"))
+    for _ in range(4):
+        clock.step_done()
+    assert clock.first_step_s > 0
+    assert clock.t_end >= clock.t_warm
+    peak, kind = clock.peak
+    assert kind == "peak_rss" and peak > 0
+
+
+def spec(tmp_path: Path, contender: str) -> dict:
+    return {
+        "contender": contender,
+        "overrides": [*bench.PROFILES["smoke"]["overrides"], "training.progress_bar=false"],
+        "options": {},
+        "warmup": 1,
+        "steps": 2,
+        "tmp": str(tmp_path),
+        "out": str(tmp_path / "result.json"),
+        "start_time": time.time(),
+    }
+
+
+@pytest.mark.parametrize("contender", ["trainer", "bare"])
+def test_worker_in_process(tmp_path: Path, monkeypatch, contender: str) -> None:
+    monkeypatch.setenv("HYDRATRAIN_CACHE", str(tmp_path / "cache"))
+    import app.loop
+
+    original = app.loop.step_with_recovery
+    result = {"trainer": bench.work_trainer, "bare": bench.work_bare}[contender](
+        spec(tmp_path, contender)
+    )
+    assert app.loop.step_with_recovery is original  # the timing hook is removed again
+    assert result["tokens_per_sec"] > 0
+    assert result["tokens_per_step"] == 4 * 32
+    assert result["mfu"] is None  # CPU
+    assert result["peak_memory_kind"] == "peak_rss"
+
+
+@pytest.mark.slow
+def test_bench_command_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.bench",
+            "--profile",
+            "smoke",
+            "--rounds",
+            "1",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "HYDRATRAIN_CACHE": str(tmp_path / "cache")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| eager | trainer |" in proc.stdout and "| eager | hf |" in proc.stdout
+    report = json.loads(out.read_text())
+    rows = {r["contender"]: r for r in report["rows"]}
+    assert set(rows) == {"trainer", "bare", "hf"}
+    assert all(r["runs_ok"] == 1 for r in rows.values()), report["runs"]
+    assert rows["bare"]["speed_ratio"] == 1.0
+    assert report["machine"]["torch"]
