@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+
+# One thread per process: tests run several trainer processes at once on small machines, where
+# two OpenMP threads per process fight over the cores and every step slows down several times.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import torch
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 ROOT = Path(__file__).resolve().parent.parent
 
