@@ -38,7 +38,6 @@ import logging
 import math
 import os
 import resource
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +47,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from app import checkpoint as ckpt
+from app.atomic import atomic_write_text
 from app.batching import BatchPlan, fixed_plan
 from app.distributed import DistInfo
 from app.faults import FaultInjector
@@ -616,7 +616,7 @@ def update_entry(path: Path, key: dict[str, Any], change: Callable[[dict], None]
             change(entry)
             entry["updated"] = time.time()
             entry["trials"] = {str(m): t for m, t in sorted(entry["trials"].items())}
-            _write_atomic(path, json.dumps(entry, indent=2, sort_keys=True, default=str))
+            atomic_write_text(path, json.dumps(entry, indent=2, sort_keys=True, default=str) + "\n")
     except OSError as exc:  # a read-only or full cache dir must not fail the run
         log.warning("could not update the micro-batch cache %s: %s", path, exc)
 
@@ -635,16 +635,3 @@ def _locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

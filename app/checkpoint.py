@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from app.atomic import atomic_write
 from app.config import ConfigError
 
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
@@ -32,15 +33,9 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(directory, step)
-    tmp = directory / f".{final.name}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(directory)
+    atomic_write(final, lambda f: torch.save(state, f))
+    _fsync_dir(directory)  # make the rename itself durable before older checkpoints go
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return final

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
+from app.atomic import atomic_write, atomic_write_text
 from app.config import ConfigError, DataConfig
 from app.corpus import CORPUS_VERSION, generate_corpus
 
@@ -68,7 +68,7 @@ def load_token_data(cfg: DataConfig | DictConfig) -> TokenData:
     if cache_path.is_file():
         return TokenData(**torch.load(cache_path, weights_only=True))
     data = _build_token_data(cfg, files)
-    _atomic_torch_save(vars(data), cache_path)
+    atomic_write(cache_path, lambda f: torch.save(vars(data), f))
     return data
 
 
@@ -195,7 +195,7 @@ def _trained_bpe(cfg: DictConfig, train_docs: list[str], files: list[str]) -> Te
         tok = Tokenizer.from_file(str(path))
     else:
         tok = _train_bpe(train_docs, cfg.tokenizer_vocab_size)
-        _atomic_write_text(tok.to_str(), path)
+        atomic_write_text(path, tok.to_str())
     return TextTokenizer(
         name=f"trained-bpe:{cfg.tokenizer_vocab_size}",
         vocab_size=tok.get_vocab_size(),
@@ -353,30 +353,6 @@ def _token_cache_key(cfg: DictConfig, files: list[str]) -> str:
             "seq_len": cfg.seq_len,
         }
     )
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    _atomic_write(path, lambda f: torch.save(obj, f))
-
-
-def _atomic_write_text(text: str, path: Path) -> None:
-    _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def _atomic_write(path: Path, write: Callable[[Any], Any]) -> None:
-    # Same directory as the target so os.replace is a rename: a killed run leaves a stray temp
-    # file at worst, never a truncated cache entry under the real name.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from app.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,7 @@ def mfu(tokens_per_sec: float, flops_per_tok: int, peak_tflops: float | None) ->
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
 class NvmlSampler:
