@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,34 @@ TINY = [
     "training.warmup_steps=2",
     "training.progress_bar=false",
 ]
+
+
+# For the micro-batch probe and OOM tests: the batch sizes are each test's own.
+AUTO_TINY = [
+    "gpu=cpu",
+    "model.n_layer=1",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "data.seq_len=32",
+    "data.builtin_num_docs=300",
+    "training.max_steps=6",
+    "training.eval_every=3",
+    "training.log_every=1",
+    "training.progress_bar=false",
+]
+
+
+@pytest.fixture(scope="module")
+def shared_data_cache(tmp_path_factory) -> Path:
+    # Token caches are keyed by content, so sharing them is safe and saves a corpus build per test.
+    return tmp_path_factory.mktemp("data-cache")
+
+
+@pytest.fixture
+def cache_dir(shared_data_cache) -> Path:
+    """data.cache_dir for one test: shared token data, no micro-batch cache from other tests."""
+    shutil.rmtree(shared_data_cache / "autobatch", ignore_errors=True)
+    return shared_data_cache
 
 
 def tiny(tmp_path: Path, *extra: str) -> list[str]:

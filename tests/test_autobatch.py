@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 from pathlib import Path
 
@@ -16,44 +15,10 @@ from app import checkpoint as ckpt
 from app.distributed import DistInfo
 from app.outcomes import TrainingOOM
 from app.preflight import compose
-
-TINY = [
-    "gpu=cpu",
-    "model.n_layer=1",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "data.seq_len=32",
-    "data.builtin_num_docs=300",
-    "training.max_steps=6",
-    "training.eval_every=3",
-    "training.log_every=1",
-    "training.progress_bar=false",
-]
+from tests.conftest import AUTO_TINY
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The CPU is shared: two intra-op threads spinning against other jobs make steps 5x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def shared_data_cache(tmp_path_factory) -> Path:
-    # Token caches are keyed by content, so sharing them is safe and saves a corpus build per test.
-    return tmp_path_factory.mktemp("data-cache")
-
-
-@pytest.fixture
-def cache_dir(shared_data_cache) -> Path:
-    """data.cache_dir for one test: shared token data, no micro-batch cache from other tests."""
-    shutil.rmtree(shared_data_cache / "autobatch", ignore_errors=True)
-    return shared_data_cache
-
-
-def tiny_cfg(cache: Path, *overrides: str, base: list[str] = TINY):
+def tiny_cfg(cache: Path, *overrides: str, base: list[str] = AUTO_TINY):
     return compose("train", [*base, f"data.cache_dir={cache}", *overrides])
 
 

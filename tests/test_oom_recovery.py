@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import weakref
 from pathlib import Path
 
@@ -16,45 +15,11 @@ from app.faults import FaultInjector
 from app.outcomes import TrainingOOM
 from app.preflight import compose
 from app.runner import run_training
-
-TINY = [
-    "gpu=cpu",
-    "model.n_layer=1",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "data.seq_len=32",
-    "data.builtin_num_docs=300",
-    "training.max_steps=6",
-    "training.eval_every=3",
-    "training.log_every=1",
-    "training.progress_bar=false",
-]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The CPU is shared: two intra-op threads spinning against other jobs make steps 5x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def shared_data_cache(tmp_path_factory) -> Path:
-    # Token caches are keyed by content, so sharing them is safe and saves a corpus build per test.
-    return tmp_path_factory.mktemp("data-cache")
-
-
-@pytest.fixture
-def cache_dir(shared_data_cache) -> Path:
-    """data.cache_dir for one test: shared token data, no micro-batch cache from other tests."""
-    shutil.rmtree(shared_data_cache / "autobatch", ignore_errors=True)
-    return shared_data_cache
+from tests.conftest import AUTO_TINY
 
 
 def tiny_cfg(cache: Path, *overrides: str):
-    return compose("train", [*TINY, f"data.cache_dir={cache}", *overrides])
+    return compose("train", [*AUTO_TINY, f"data.cache_dir={cache}", *overrides])
 
 
 def final_params(run_dir: Path, steps: int = 6) -> dict[str, torch.Tensor]:
@@ -198,7 +163,7 @@ def test_gpu_memory_returns_to_its_pre_step_value_after_an_oom(cache_dir, tmp_pa
     cfg = compose(
         "train",
         [
-            *TINY[1:],
+            *AUTO_TINY[1:],
             "gpu=auto",
             "precision=fp32",
             f"data.cache_dir={cache_dir}",
