@@ -156,3 +156,21 @@ def test_bench_command_end_to_end(tmp_path: Path) -> None:
     assert all(r["runs_ok"] == 1 for r in rows.values()), report["runs"]
     assert rows["bare"]["speed_ratio"] == 1.0
     assert report["machine"]["torch"]
+
+
+def test_rounds_rotate_so_every_arm_runs_in_every_slot(monkeypatch):
+    import argparse
+
+    seen: list[str] = []
+
+    def fake_worker(arm, *args):
+        seen.append(arm.label)
+        return {"error": "not run"}
+
+    monkeypatch.setattr(bench, "run_worker", fake_worker)
+    arms = {(("v", c)): bench.Arm(c, c) for c in ("trainer", "bare", "hf")}
+    bench.run_rounds(
+        argparse.Namespace(rounds=3, warmup=1, steps=1), {"warmup": 1, "steps": 1}, arms
+    )
+    slots = [seen[i::3] for i in range(3)]  # who ran first, second, third in each round
+    assert all(sorted(slot) == ["bare", "hf", "trainer"] for slot in slots)
