@@ -213,6 +213,18 @@ def print_banner(summary, device: DeviceInfo, precision: PrecisionPlan, run: Run
         run.logger.log(run.start_step, plan_scalars(run.plan))
 
 
+def closing_line(summary: dict[str, Any]) -> str:
+    def num(key: str, spec: str) -> str:
+        value = summary.get(key)
+        return "n/a" if value is None else format(value, spec)
+
+    return (
+        f"done       {summary['status']} after {summary.get('steps', '?')} steps: val loss "
+        f"{num('initial_val_loss', '.4f')} -> {num('final_val_loss', '.4f')}, "
+        f"{num('tokens_per_sec', ',.0f')} tokens/s, summary {summary['run_dir']}/summary.json"
+    )
+
+
 def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
     if run is not None:
         summary.update(batch_fields(run.plan))
@@ -233,6 +245,7 @@ def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
     if dist.is_main and summary.get("run_dir"):
         Path(summary["run_dir"]).mkdir(parents=True, exist_ok=True)
         write_json_atomic(Path(summary["run_dir"]) / "summary.json", summary)
+        print(closing_line(summary), flush=True)
     reporter.set_attrs(
         {
             k: summary.get(k)
