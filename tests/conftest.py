@@ -40,9 +40,11 @@ TINY = [
 ]
 
 
-# For the micro-batch probe and OOM tests: the batch sizes are each test's own.
+# For the micro-batch probe and OOM tests: 32 samples per step as 16 x 2 unless a test says
+# otherwise (the probe tests ask for training.micro_batch_size=auto themselves).
 AUTO_TINY = [
     "gpu=cpu",
+    "training.micro_batch_size=16",
     "model.n_layer=1",
     "model.n_embd=32",
     "model.n_head=2",
