@@ -140,9 +140,9 @@ def test_other_errors_fail_with_the_message_and_the_rate_limit_stops_the_sweep(t
 )
 def test_bad_inputs_fail_before_any_trial(tmp_path, override, setting):
     proc = _run(FAKE, tmp_path, *_args(tmp_path, 3), override, check=False)
-    assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if setting in line]
-    assert len(lines) == 1, proc.stderr
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and setting in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and "Launching" not in proc.stderr + proc.stdout
     assert not (tmp_path / "multirun" / "0").exists()
 

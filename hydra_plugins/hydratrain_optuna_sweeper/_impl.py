@@ -83,6 +83,15 @@ class OptunaSweeperImpl(Sweeper):
     # -- planning: everything that can be wrong is checked here, before any trial exists --
 
     def sweep(self, arguments: list[str]) -> None:
+        try:
+            self._sweep(arguments)
+        except SweepConfigError as e:
+            # SystemExit passes through Hydra's error report, which would add a second line:
+            # a bad sweep setting ends like a bad training setting, one line and status 2.
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+    def _sweep(self, arguments: list[str]) -> None:
         assert self.config is not None
         s = read_settings(self.config.get("hpo"), self.stock)
         if (self.stock.get("n_jobs") or 1) > 1:
