@@ -27,7 +27,7 @@ from app.objective import build_reporter
 from app.optim import build_optimizer, build_scheduler
 from app.outcomes import RunOutcome
 from app.precision import PrecisionPlan, apply_precision_flags, resolve_precision
-from app.telemetry import RunLogger, flops_per_token, write_json_atomic
+from app.telemetry import RunLogger, flops_per_token, mfu, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +235,6 @@ def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
             )
         summary["oom_count"] = run.plan.details.get("oom_count", 0)
         if summary.get("tokens_per_sec") and run.flops_per_token and run.peak_tflops:
-            from app.telemetry import mfu
-
             per_device = summary["tokens_per_sec"] / dist.world_size
             summary["mfu"] = mfu(per_device, run.flops_per_token, run.peak_tflops)
         if run.logger is not None:
