@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import app.loop as loop
-from app import autobatch
+from app import autobatch, batch_cache
 from app import checkpoint as ckpt
 from app.distributed import DistInfo
 from app.outcomes import TrainingOOM
@@ -235,19 +235,19 @@ def test_cache_off_always_probes(cache_dir, probe_steps):
 def test_cache_key_holds_what_changes_memory(cache_dir):
     cfg = tiny_cfg(cache_dir)
     model, _, device, preset, precision = parts(cfg)
-    key = autobatch.cache_key(cfg, model, device, preset, precision)
+    key = batch_cache.cache_key(cfg, model, device, preset, precision)
     assert {"device", "model", "seq_len", "precision", "gradient_checkpointing", "compile"} <= set(
         key
     )
     assert {"optimizer", "torch", "faults"} <= set(key)
-    base = autobatch.key_hash(key)
+    base = batch_cache.key_hash(key)
     for change in ("model.gradient_checkpointing=true", "faults.oom_above_micro_batch=3"):
-        other = autobatch.cache_key(tiny_cfg(cache_dir, change), model, device, preset, precision)
-        assert autobatch.key_hash(other) != base, change
-    same = autobatch.cache_key(
+        other = batch_cache.cache_key(tiny_cfg(cache_dir, change), model, device, preset, precision)
+        assert batch_cache.key_hash(other) != base, change
+    same = batch_cache.cache_key(
         tiny_cfg(cache_dir, "training.effective_batch_size=64"), model, device, preset, precision
     )
-    assert autobatch.key_hash(same) == base  # the effective batch does not change memory per step
+    assert batch_cache.key_hash(same) == base  # the effective batch does not change memory per step
 
 
 def test_concurrent_writers_merge_and_never_corrupt(tmp_path):
@@ -256,15 +256,15 @@ def test_concurrent_writers_merge_and_never_corrupt(tmp_path):
 
     def writer(i: int) -> None:
         for j in range(10):
-            autobatch.merge_entry(path, key, {100 * i + j: trial(float(j))}, upper=64)
-        autobatch.record_oom(path, key, 1000 + i)
+            batch_cache.merge_entry(path, key, {100 * i + j: trial(float(j))}, upper=64)
+        batch_cache.record_oom(path, key, 1000 + i)
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    entry = autobatch.read_entry(path, key)
+    entry = batch_cache.read_entry(path, key)
     assert entry is not None and len(entry["trials"]) == 44
     assert all(entry["trials"][1000 + i]["oom"] for i in range(4))
     assert not list(path.parent.glob(".*.tmp"))
@@ -273,8 +273,8 @@ def test_concurrent_writers_merge_and_never_corrupt(tmp_path):
 def test_a_corrupt_or_foreign_cache_file_is_ignored_and_rewritten(tmp_path):
     path = tmp_path / "microbatch-x.json"
     path.write_text('{"key": {"k": 1}, "trials": {"8": ')  # a torn write from elsewhere
-    assert autobatch.read_entry(path, {"k": 1}) is None
-    autobatch.merge_entry(path, {"k": 1}, {8: trial(1.0)}, upper=8)
-    assert autobatch.read_entry(path, {"k": 2}) is None  # another shape's key
-    entry = autobatch.read_entry(path, {"k": 1})
+    assert batch_cache.read_entry(path, {"k": 1}) is None
+    batch_cache.merge_entry(path, {"k": 1}, {8: trial(1.0)}, upper=8)
+    assert batch_cache.read_entry(path, {"k": 2}) is None  # another shape's key
+    entry = batch_cache.read_entry(path, {"k": 1})
     assert entry["trials"][8]["samples_per_sec"] == 1.0 and entry["searched_up_to"] == 8
