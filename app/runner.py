@@ -243,7 +243,8 @@ def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
     if dist.is_main and summary.get("run_dir"):
         Path(summary["run_dir"]).mkdir(parents=True, exist_ok=True)
         write_json_atomic(Path(summary["run_dir"]) / "summary.json", summary)
-        print(closing_line(summary), flush=True)
+        if run is not None:  # a setting that failed before the run has its own error line
+            print(closing_line(summary), flush=True)
     reporter.set_attrs(
         {
             k: summary.get(k)
