@@ -24,10 +24,17 @@ def split_sizes(total: int, max_micro: int) -> list[int]:
     return [base + 1] * extra + [base] * (count - extra)
 
 
+def rank_slice(n: int, rank: int, world_size: int) -> slice:
+    """Rank `rank`'s contiguous part of a step's n samples; part sizes differ by at most one."""
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
+
+
 def rank_share(total: int, world_size: int, rank: int) -> int:
-    """Samples of one optimizer step that rank `rank` processes (shares differ by at most one)."""
-    base, extra = divmod(total, world_size)
-    return base + (1 if rank < extra else 0)
+    """How many samples of one optimizer step rank `rank` processes."""
+    part = rank_slice(total, rank, world_size)
+    return part.stop - part.start
 
 
 @dataclass

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from app.atomic import atomic_write, atomic_write_text
+from app.batching import rank_slice
 from app.config import ConfigError, DataConfig
 from app.corpus import CORPUS_VERSION, generate_corpus
 
@@ -378,13 +379,6 @@ def step_sample_indices(
         parts.append(_epoch_permutation(num_blocks, seed, epoch)[offset : offset + take])
         pos += take
     return torch.cat(parts)
-
-
-def rank_slice(n: int, rank: int, world_size: int) -> slice:
-    """Contiguous part of n items for `rank`; part sizes differ by at most one."""
-    base, extra = divmod(n, world_size)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (rank < extra))
 
 
 class StepDataset(Dataset):
