@@ -3,9 +3,10 @@
 The same model, data, batch plan, precision and optimizer recipe are trained by three contenders:
 
 - trainer: `app.runner.run_training` with a composed config (the code path users run);
-- bare: the floor, a hand-written loop (plain model, AdamW, autocast, clipping, nothing else);
+- bare: the floor, a hand-written loop (plain model, AdamW, autocast, clipping, nothing else)
+  with the trainer's process settings (the host malloc policy);
 - hf: `transformers.Trainer` + `TrainingArguments` (same batch, accumulation and LR; no eval,
-  no logging, no saving).
+  no logging, no saving), stock: glibc's malloc defaults (`--ablate` times it with ours too).
 
 Each (contender, round) runs in its own subprocess, so imports, allocator state and peak RSS of
 one never leak into another, and the contenders alternate round by round so that a slow patch of
@@ -115,6 +116,14 @@ def ablations(profile: str) -> dict[str, list[Arm]]:
         "grad clipping": [
             Arm("max_grad_norm=1", "trainer"),
             Arm("off", "trainer", ["training.max_grad_norm=0"]),
+        ],
+        "host malloc": [
+            Arm("retain", "trainer"),
+            Arm("default (glibc)", "trainer", ["training.host_malloc=default"]),
+        ],
+        "host malloc (transformers Trainer)": [
+            Arm("default (glibc, stock)", "hf"),
+            Arm("retain", "hf", options={"host_malloc": "retain"}),
         ],
     }
     if profile != "gpt2_small":
@@ -636,13 +645,16 @@ def _result(
     }
 
 
-def _device_setup(cfg):
-    """Device, precision and the FLOPs/peak figures, resolved exactly as the trainer does."""
+def _device_setup(cfg, host_malloc: str):
+    """Device, precision and the FLOPs/peak figures, resolved exactly as the trainer does, and a
+    host malloc policy (app/host_malloc.py) for this process."""
     import torch
 
     from app.hardware import detect_device, effective_preset
+    from app.host_malloc import apply_host_malloc
     from app.precision import apply_precision_flags, resolve_precision
 
+    apply_host_malloc(host_malloc)
     device = detect_device(cfg.gpu)
     preset = effective_preset(cfg.gpu, device)
     precision = resolve_precision(cfg.precision.name, device, preset)
@@ -741,7 +753,8 @@ def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
     from app.optim import build_scheduler
 
     cfg = _compose(spec)
-    device, _, precision = _device_setup(cfg)
+    # The floor gets every process setting the trainer has, the host malloc policy included.
+    device, _, precision = _device_setup(cfg, cfg.training.host_malloc)
     dev = device.torch_device
     data = load_token_data(cfg.data)
     model = build_model(cfg.model, data.vocab_size).to(dev)
@@ -769,6 +782,7 @@ def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
             with amp:
                 logits = fwd(input_ids=part[:, :-1]).logits
             loss = F.cross_entropy(logits.float().flatten(0, 1), part[:, 1:].flatten()) / accum
+            del logits  # else the next forward cannot reuse its memory: 1-3 % on CPU
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.max_grad_norm)
         opt.step()
@@ -786,7 +800,8 @@ def work_hf(spec: dict[str, Any]) -> dict[str, Any]:
     from app.model import build_model
 
     cfg = _compose(spec)
-    device, preset, precision = _device_setup(cfg)
+    # Stock, as users run it: glibc's malloc defaults unless an ablation arm asks otherwise.
+    device, preset, precision = _device_setup(cfg, spec["options"].get("host_malloc", "default"))
     dev = device.torch_device
     data = load_token_data(cfg.data)
     model = build_model(cfg.model, data.vocab_size)

@@ -18,6 +18,7 @@ MODEL_ARCHS = ("gpt2", "llama", "pretrained")
 DATA_SOURCES = ("builtin", "text_files", "synthetic")
 SCHEDULES = ("cosine", "linear", "constant")
 FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
+HOST_MALLOC_POLICIES = ("retain", "default")  # app/host_malloc.py
 
 
 class ConfigError(ValueError):
@@ -122,6 +123,9 @@ class TrainingConfig:
     seed: int = 1337
     resume: str | None = None  # null | auto (this run dir) | path to a run dir or checkpoint
     progress_bar: bool = True
+    # Host malloc policy (app/host_malloc.py): retain | default. retain keeps freed memory for
+    # the next step instead of page-faulting it back in from the kernel every step.
+    host_malloc: str = "retain"
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
 
 
@@ -246,6 +250,7 @@ def _validate_training(t: DictConfig) -> None:
     _non_negative("training.checkpoint_every", t.checkpoint_every)
     _non_negative("training.warmup_steps", t.warmup_steps)
     _one_of("training.schedule", t.schedule, SCHEDULES)
+    _one_of("training.host_malloc", t.host_malloc, HOST_MALLOC_POLICIES)
     if not t.lr > 0:
         raise ConfigError(f"training.lr={t.lr} must be > 0")
     if not 0.0 <= t.min_lr_ratio <= 1.0:

@@ -21,6 +21,7 @@ from app.data import StepDataset, load_token_data, make_step_loader, resolve_num
 from app.distributed import DistInfo, init_distributed, shared_run_dir, shutdown, wrap_ddp
 from app.faults import FaultInjector
 from app.hardware import DeviceInfo, detect_device, effective_preset
+from app.host_malloc import apply_host_malloc
 from app.loop import Run, peak_memory, restore, train
 from app.model import build_model, model_shape
 from app.objective import build_reporter
@@ -38,6 +39,7 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     started = time.perf_counter()
     run_dir = Path(run_dir)
     validate(cfg)
+    apply_host_malloc(cfg.training.host_malloc)  # before the data and model allocate
     device = detect_device(cfg.gpu)
     dist = init_distributed(device.type)
     run_dir = shared_run_dir(run_dir, dist)

@@ -18,6 +18,7 @@ from tests.conftest import compose, run_cli, tiny
         ("training.micro_batch_size=64", "larger than training.effective_batch_size=32"),
         ("model.n_head=5", "model.n_embd=128 must be divisible by model.n_head=5"),
         ("data.seq_len=1000", "data.seq_len=1000 exceeds model.max_position_embeddings"),
+        ("training.host_malloc=jemalloc", "training.host_malloc='jemalloc' is not allowed"),
         ("precision=bf16", None),  # fine on CPU: bf16 autocast is allowed there
     ],
 )
