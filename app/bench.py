@@ -46,6 +46,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "warmup": 5,
         "steps": 40,  # ~6 s measured per run: shorter windows were dominated by machine noise
         "variants": {"eager": []},
+        "lockstep": True,  # a shared CPU drifts by more than the differences measured
     },
     "gpt2_small": {
         "overrides": [
@@ -75,6 +76,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "warmup": 1,
         "steps": 3,
         "variants": {"eager": []},
+        "lockstep": True,
     },
 }
 
@@ -188,6 +190,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app.bench", description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (median reported)")
+    p.add_argument(
+        "--lockstep",
+        action=argparse.BooleanOptionalAction,
+        help="contenders take turns step by step (default: on for the CPU profiles)",
+    )
     p.add_argument("--warmup", type=int, help="steps excluded from throughput")
     p.add_argument("--steps", type=int, help="measured steps after the warm-up")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset")
@@ -274,6 +281,7 @@ def setup_info(args: argparse.Namespace, prof: dict[str, Any]) -> dict[str, Any]
         "command": "python -m app.bench " + " ".join(sys.argv[1:]),
         "profile": args.profile,
         "rounds": args.rounds,
+        "schedule": "lockstep" if _lockstep(args, prof) else "rounds",
         "warmup_steps": args.warmup or prof["warmup"],
         "measured_steps": args.steps or prof["steps"],
         "overrides": [*prof["overrides"], *args.overrides],
@@ -291,15 +299,30 @@ def run_rounds(
     was measured to move a contender by several percent."""
     results: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in arms}
     keys = list(arms)
+    warmup, steps = args.warmup or prof["warmup"], args.steps or prof["steps"]
     for rnd in range(args.rounds):
-        shift = rnd % len(keys)
-        for key in keys[shift:] + keys[:shift]:
-            arm = arms[key]
-            res = run_worker(arm, prof, args.warmup or prof["warmup"], args.steps or prof["steps"])
+        if _lockstep(args, prof):
+            done = {}
+            for group in dict.fromkeys(k[0] for k in keys):  # ratios are within a group
+                done |= run_lockstep(
+                    {k: arms[k] for k in keys if k[0] == group}, prof, warmup, steps
+                )
+        else:
+            shift = rnd % len(keys)
+            done = {
+                key: run_worker(arms[key], prof, warmup, steps)
+                for key in keys[shift:] + keys[:shift]
+            }
+        for key, res in done.items():
             res["round"] = rnd
             results[key].append(res)
             _progress_line(key, res)
     return results
+
+
+def _lockstep(args: argparse.Namespace, prof: dict[str, Any]) -> bool:
+    chosen = getattr(args, "lockstep", None)
+    return prof.get("lockstep", False) if chosen is None else chosen
 
 
 def _progress_line(key: tuple[str, str], res: dict[str, Any]) -> None:
@@ -315,30 +338,74 @@ def _progress_line(key: tuple[str, str], res: dict[str, Any]) -> None:
 
 
 def run_worker(arm: Arm, prof: dict[str, Any], warmup: int, steps: int) -> dict[str, Any]:
+    """One run of one arm, alone on the machine."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        spec = {
-            "contender": arm.contender,
-            "overrides": [*prof["overrides"], *arm.overrides],
-            "options": arm.options,
-            "warmup": warmup,
-            "steps": steps,
-            "tmp": tmp,
-            "out": str(Path(tmp) / "result.json"),
-        }
-        spec_path = Path(tmp) / "spec.json"
-        spec["start_time"] = time.time()  # last: the clock starts as the process is launched
-        spec_path.write_text(json.dumps(spec))
+        spec = _spec(arm, prof, warmup, steps, Path(tmp))
+        spec_path = _write_spec(spec)  # last: the clock starts as the process is launched
         proc = subprocess.run(
-            [sys.executable, "-m", "app.bench", "--worker", str(spec_path)],
-            env={**os.environ, **arm.env},
-            capture_output=True,
-            text=True,
+            _worker_argv(spec_path), env=_env(arm), capture_output=True, text=True
         )
-        out = Path(spec["out"])
-        if proc.returncode != 0 or not out.is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            return {"error": f"exit {proc.returncode}: {' | '.join(tail)}"}
-        return json.loads(out.read_text())
+        return _collect(proc.returncode, Path(spec["out"]), (proc.stderr or proc.stdout))
+
+
+def run_lockstep(
+    arms: dict[tuple[str, str], Arm], prof: dict[str, Any], warmup: int, steps: int
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """One run of each arm, all in lockstep (app/lockstep.py): each sets up alone, then they take
+    turns step by step."""
+    from app.lockstep import Lane, run_turns
+
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        lanes: dict[tuple[str, str], Lane] = {}
+        outs: dict[tuple[str, str], Path] = {}
+        for i, (key, arm) in enumerate(arms.items()):
+            sub = Path(tmp) / str(i)
+            sub.mkdir()
+            lane = Lane(key, sub / "log.txt")
+            spec = _spec(arm, prof, warmup, steps, sub, baton=list(lane.child_fds))
+            outs[key] = Path(spec["out"])
+            lane.start(_worker_argv(_write_spec(spec)), _env(arm))
+            lanes[key] = lane
+        run_turns(list(lanes.values()), warmup + steps)
+        return {
+            key: _collect(lane.finish(), outs[key], lane.log_tail()) for key, lane in lanes.items()
+        }
+
+
+def _spec(
+    arm: Arm, prof: dict[str, Any], warmup: int, steps: int, tmp: Path, baton=None
+) -> dict[str, Any]:
+    return {
+        "contender": arm.contender,
+        "overrides": [*prof["overrides"], *arm.overrides],
+        "options": arm.options,
+        "warmup": warmup,
+        "steps": steps,
+        "tmp": str(tmp),
+        "out": str(tmp / "result.json"),
+        "baton": baton,  # lockstep: the worker's (go, done) pipe ends
+    }
+
+
+def _write_spec(spec: dict[str, Any]) -> Path:
+    path = Path(spec["tmp"]) / "spec.json"
+    path.write_text(json.dumps({**spec, "start_time": time.time()}))
+    return path
+
+
+def _worker_argv(spec_path: Path) -> list[str]:
+    return [sys.executable, "-m", "app.bench", "--worker", str(spec_path)]
+
+
+def _env(arm: Arm) -> dict[str, str]:
+    return {**os.environ, **arm.env}
+
+
+def _collect(returncode: int, out: Path, output: str) -> dict[str, Any]:
+    if returncode != 0 or not out.is_file():
+        tail = output.strip().splitlines()[-3:]
+        return {"error": f"exit {returncode}: {' | '.join(tail)}"}
+    return json.loads(out.read_text())
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -558,17 +625,39 @@ def startup_table(rows: list[dict[str, Any]]) -> str:
 
 
 class StepClock:
-    """Step-end timestamps: a device sync only at the first step, the end of the warm-up and the
-    last step, so measuring adds nothing to the steps in between."""
+    """When the steps end, measured with as little disturbance as possible.
 
-    def __init__(self, start_time: float, warmup: int, total: int, device) -> None:
+    Alone (rounds): timestamps with a device sync only at the first step, the end of the warm-up
+    and the last step, so measuring adds nothing to the steps in between; the measured time is
+    warm-up end to last step end.
+
+    In lockstep (app/lockstep.py): the worker passes the baton before its first step and after
+    each one, and a step is timed from the parent's go to its end (a device sync there, so a GPU
+    does not run on into the next contender's turn). The measured time is the sum over the steps
+    after the warm-up, and holds everything the loop does between two steps.
+    """
+
+    def __init__(self, start_time: float, warmup: int, total: int, device, baton=None) -> None:
         self.start_time, self.warmup, self.total, self.device = start_time, warmup, total, device
+        self.baton = baton
         self.done = 0
         self.first_step_s = self.t_warm = self.t_end = None
         self.peak: tuple[int, str] | None = None
+        self.ready_s: float | None = None  # lockstep: launch to ready for the first step
+        self.t_go = 0.0
+        self.turn_seconds = 0.0  # lockstep: the measured steps' turns
+
+    def before_step(self) -> None:
+        """Call before every step; in lockstep, the first call waits for the first turn."""
+        if self.baton is not None and self.ready_s is None:
+            self.ready_s = time.time() - self.start_time
+            self._pass_baton()
 
     def step_done(self) -> None:
         self.done += 1
+        if self.baton is not None:
+            self._turn_done()
+            return
         if self.done not in (1, self.warmup, self.total):
             return
         _sync(self.device)
@@ -580,6 +669,24 @@ class StepClock:
         if self.done == self.total:
             self.t_end = now
             self.peak = peak_memory(self.device)
+
+    def _turn_done(self) -> None:
+        _sync(self.device)
+        seconds = time.perf_counter() - self.t_go
+        if self.done == 1:
+            self.first_step_s = self.ready_s + seconds
+        if self.done > self.warmup:
+            self.turn_seconds += seconds
+        if self.done == self.total:
+            self.peak = peak_memory(self.device)
+        self._pass_baton()  # after the last step: wait to be released, so finishing disturbs none
+
+    def _pass_baton(self) -> None:
+        self.baton.pass_()
+        self.t_go = time.perf_counter()
+
+    def measured_seconds(self) -> float:
+        return self.turn_seconds if self.baton is not None else self.t_end - self.t_warm
 
 
 def _sync(device) -> None:
@@ -608,6 +715,13 @@ def worker_main(spec_path: Path) -> int:
     return 0
 
 
+def _clock(spec: dict[str, Any], cfg, device) -> StepClock:
+    from app.lockstep import Baton
+
+    baton = Baton(*spec["baton"]) if spec.get("baton") else None
+    return StepClock(spec["start_time"], spec["warmup"], cfg.training.max_steps, device, baton)
+
+
 def _compose(spec: dict[str, Any]):
     from app.preflight import compose
 
@@ -626,7 +740,7 @@ def _result(
 ) -> dict[str, Any]:
     from app.telemetry import mfu
 
-    seconds = clock.t_end - clock.t_warm
+    seconds = clock.measured_seconds()
     tokens_per_step = cfg.training.effective_batch_size * cfg.data.seq_len
     tps = (clock.total - clock.warmup) * tokens_per_step / seconds
     peak, kind = clock.peak
@@ -690,10 +804,11 @@ def work_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     ]
     cfg = _compose({**spec, "overrides": [*spec["overrides"], *extra]})
     device = torch.device("cuda" if _wants_cuda(cfg) else "cpu")
-    clock = StepClock(spec["start_time"], spec["warmup"], cfg.training.max_steps, device)
+    clock = _clock(spec, cfg, device)
     inner = loop.step_with_recovery
 
     def timed(run, blocks, step):
+        clock.before_step()
         out = inner(run, blocks, step)
         clock.step_done()
         return out
@@ -772,9 +887,10 @@ def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
     )
     blocks = data.train.pin_memory() if dev.type == "cuda" else data.train
     gen = torch.Generator().manual_seed(cfg.data.seed)
-    clock = StepClock(spec["start_time"], spec["warmup"], cfg.training.max_steps, dev)
+    clock = _clock(spec, cfg, dev)
     model.train()
     for _ in range(cfg.training.max_steps):
+        clock.before_step()
         idx = torch.randint(len(blocks), (micro * accum,), generator=gen)
         batch = blocks[idx].to(dev, non_blocking=True)
         for i in range(accum):
@@ -807,9 +923,12 @@ def work_hf(spec: dict[str, Any]) -> dict[str, Any]:
     model = build_model(cfg.model, data.vocab_size)
     flops, peak_tflops = _flops(model, cfg, device, precision)
     micro, accum = _batch_plan(cfg)
-    clock = StepClock(spec["start_time"], spec["warmup"], cfg.training.max_steps, dev)
+    clock = _clock(spec, cfg, dev)
 
     class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            clock.before_step()
+
         def on_step_end(self, args, state, control, **kwargs):
             clock.step_done()
 

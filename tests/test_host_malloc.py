@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT, compose, tiny
 
 from app import host_malloc
-from conftest import ROOT, compose, tiny
 
 glibc_only = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
