@@ -506,7 +506,8 @@ def _preamble(report: dict[str, Any]) -> str:
     m = report["machine"]
     first = next((r for r in report["rows"] if r.get("runs_ok")), {})
     return (
-        f"profile {report['profile']}: {report['rounds']} rounds, {report['warmup_steps']} warm-up "
+        f"profile {report['profile']}: {report['rounds']} rounds "
+        f"({report.get('schedule', 'rounds')}), {report['warmup_steps']} warm-up "
         f"+ {report['measured_steps']} measured steps, {first.get('tokens_per_step', '?')} tokens "
         f"per step, {first.get('dtype', '?')} on {first.get('device_name', '?')}\n"
         f"machine: {m['cpu']} ({m['cpus']} cores), torch {m['torch']}, "
