@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from app import bench
+from app.bench import profiles, schedule, workers
+from app.bench.clock import StepClock
+from app.bench.report import add_ratios, aggregate, benchmark_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,20 +35,20 @@ def fake_run(tps: float, mem: int, **extra) -> dict:
 
 def test_aggregate_takes_medians_and_skips_failures() -> None:
     runs = [fake_run(100, 10), fake_run(300, 30), fake_run(200, 20), {"error": "exit 1: boom"}]
-    agg = bench.aggregate(runs)
+    agg = aggregate(runs)
     assert agg["runs_ok"] == 3
     assert agg["tokens_per_sec"] == 200
     assert (agg["tokens_per_sec_min"], agg["tokens_per_sec_max"]) == (100, 300)
     assert agg["peak_memory_bytes"] == 20
-    assert bench.aggregate([{"error": "x"}]) == {"runs_ok": 0, "errors": ["x"]}
+    assert aggregate([{"error": "x"}]) == {"runs_ok": 0, "errors": ["x"]}
 
 
 def test_ratios_are_relative_to_the_bare_loop_of_the_same_variant() -> None:
     rows = [
-        {"variant": "eager", "contender": c, **bench.aggregate([fake_run(t, m)])}
+        {"variant": "eager", "contender": c, **aggregate([fake_run(t, m)])}
         for c, t, m in (("trainer", 98, 105), ("bare", 100, 100), ("hf", 80, 120))
     ]
-    bench.add_ratios(rows, key=lambda r: r["variant"], baseline=lambda r: r["contender"] == "bare")
+    add_ratios(rows, key=lambda r: r["variant"], baseline=lambda r: r["contender"] == "bare")
     ratios = {r["contender"]: (r["paired_speed_ratio"], r["memory_ratio"]) for r in rows}
     assert ratios == {
         "trainer": pytest.approx((0.98, 1.05)),
@@ -57,10 +59,10 @@ def test_ratios_are_relative_to_the_bare_loop_of_the_same_variant() -> None:
 
 def test_table_renders_rows_and_failures() -> None:
     rows = [
-        {"variant": "eager", "contender": "bare", **bench.aggregate([fake_run(100, 2**20)])},
-        {"variant": "eager", "contender": "hf", **bench.aggregate([{"error": "exit 1: no"}])},
+        {"variant": "eager", "contender": "bare", **aggregate([fake_run(100, 2**20)])},
+        {"variant": "eager", "contender": "hf", **aggregate([{"error": "exit 1: no"}])},
     ]
-    bench.add_ratios(rows, key=lambda r: r["variant"], baseline=lambda r: r["contender"] == "bare")
+    add_ratios(rows, key=lambda r: r["variant"], baseline=lambda r: r["contender"] == "bare")
     report = {
         "profile": "tiny",
         "rounds": 1,
@@ -69,7 +71,7 @@ def test_table_renders_rows_and_failures() -> None:
         "rows": rows,
         "machine": {"cpu": "x", "cpus": 2, "torch": "t", "transformers": "tf", "python": "3"},
     }
-    table = bench.benchmark_table(report)
+    table = benchmark_table(report)
     bare_row = "| eager | bare | 100 | 100-100 | 1.000 | 1.000 | 1 | 1.000 | 5.0 | n/a | 3.000 |"
     assert bare_row in table
     assert "| eager | hf | failed: exit 1: no |" in table
@@ -77,19 +79,19 @@ def test_table_renders_rows_and_failures() -> None:
 
 def test_ablations_start_with_the_current_default() -> None:
     for profile in ("tiny", "gpt2_small"):
-        for name, arms in bench.ablations(profile).items():
+        for name, arms in profiles.ablations(profile).items():
             assert len(arms) >= 2, name
-            assert all(a.contender in bench.CONTENDERS for a in arms)
+            assert all(a.contender in profiles.CONTENDERS for a in arms)
             assert len({a.label for a in arms}) == len(arms)
 
 
 def test_unknown_selection_is_one_line() -> None:
     with pytest.raises(SystemExit, match="unknown: nope; choose from"):
-        bench._pick({"a": 1}, "a,nope")
+        schedule._pick({"a": 1}, "a,nope")
 
 
 def test_step_clock_times_warmup_to_end_on_cpu() -> None:
-    clock = bench.StepClock(0.0, warmup=2, total=4, device=torch.device("cpu"))
+    clock = StepClock(0.0, warmup=2, total=4, device=torch.device("cpu"))
     for _ in range(4):
         clock.step_done()
     assert clock.first_step_s > 0
@@ -101,7 +103,7 @@ def test_step_clock_times_warmup_to_end_on_cpu() -> None:
 def spec(tmp_path: Path, contender: str) -> dict:
     return {
         "contender": contender,
-        "overrides": [*bench.PROFILES["smoke"]["overrides"], "training.progress_bar=false"],
+        "overrides": [*profiles.PROFILES["smoke"]["overrides"], "training.progress_bar=false"],
         "options": {},
         "warmup": 1,
         "steps": 2,
@@ -117,7 +119,7 @@ def test_worker_in_process(tmp_path: Path, monkeypatch, contender: str) -> None:
     import app.loop
 
     original = app.loop.step_with_recovery
-    result = {"trainer": bench.work_trainer, "bare": bench.work_bare}[contender](
+    result = {"trainer": workers.work_trainer, "bare": workers.work_bare}[contender](
         spec(tmp_path, contender)
     )
     assert app.loop.step_with_recovery is original  # the timing hook is removed again
@@ -167,9 +169,9 @@ def test_rounds_rotate_so_every_arm_runs_in_every_slot(monkeypatch):
         seen.append(arm.label)
         return {"error": "not run"}
 
-    monkeypatch.setattr(bench, "run_worker", fake_worker)
-    arms = {(("v", c)): bench.Arm(c, c) for c in ("trainer", "bare", "hf")}
-    bench.run_rounds(
+    monkeypatch.setattr(schedule, "run_worker", fake_worker)
+    arms = {(("v", c)): profiles.Arm(c, c) for c in ("trainer", "bare", "hf")}
+    schedule.run_rounds(
         argparse.Namespace(rounds=3, warmup=1, steps=1), {"warmup": 1, "steps": 1}, arms
     )
     slots = [seen[i::3] for i in range(3)]  # who ran first, second, third in each round

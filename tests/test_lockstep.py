@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from app import bench, lockstep
+from app import lockstep
+from app.bench import profiles, schedule
+from app.bench.clock import StepClock
 
 # A worker: ready, then `steps` steps, each appending "<name> <step>" to a shared file.
 WORKER = """
@@ -79,7 +81,7 @@ class CountingBaton:
 
 def test_step_clock_in_lockstep_times_only_its_own_turns() -> None:
     baton = CountingBaton()
-    clock = bench.StepClock(time.time(), warmup=2, total=5, device=torch.device("cpu"), baton=baton)
+    clock = StepClock(time.time(), warmup=2, total=5, device=torch.device("cpu"), baton=baton)
     for _ in range(5):
         clock.before_step()
         time.sleep(0.01)  # the step
@@ -96,5 +98,6 @@ def test_lockstep_follows_the_flag_else_the_profile(flag, expected) -> None:
     import argparse
 
     args = argparse.Namespace(lockstep=flag)
-    assert bench._lockstep(args, bench.PROFILES["tiny"]) is expected
-    assert bench._lockstep(argparse.Namespace(lockstep=None), bench.PROFILES["gpt2_small"]) is False
+    assert schedule._lockstep(args, profiles.PROFILES["tiny"]) is expected
+    gpu = profiles.PROFILES["gpt2_small"]
+    assert schedule._lockstep(argparse.Namespace(lockstep=None), gpu) is False

@@ -1,0 +1,24 @@
+"""`python -m app.bench`: this trainer vs a bare PyTorch loop vs the transformers Trainer.
+
+The same model, data, batch plan, precision and optimizer recipe are trained by three contenders:
+
+- trainer: `app.runner.run_training` with a composed config (the code path users run);
+- bare: the floor, a hand-written loop (plain model, AdamW, autocast, clipping, nothing else)
+  with the trainer's process settings (the host malloc policy);
+- hf: `transformers.Trainer` + `TrainingArguments` (same batch, accumulation and LR; no eval,
+  no logging, no saving), stock: glibc's malloc defaults (`--ablate` times it with ours too).
+
+Each contender runs in its own subprocess, so imports, allocator state and peak RSS of one never
+leak into another. On CPU they run in lockstep (app/lockstep.py), taking turns step by step so
+that the drift of a shared machine hits them alike; on GPU one after another, the order rotated
+each round. Throughput is steady state (after the warm-up steps), median over rounds.
+
+    python -m app.bench                          # CPU: tiny GPT-2, seq 128, batch 32 (minutes)
+    python -m app.bench --profile gpt2_small     # GPU: GPT-2 small, seq 1024, bf16, +/- compile
+    python -m app.bench --ablate                 # speed-up options, one at a time
+    python -m app.bench --startup                # `app.train --help` / `--cfg job` latency
+
+Modules: profiles (what to run), schedule (subprocesses: rounds or lockstep), workers (one
+contender in a process), clock (step timing inside a worker), report (medians, ratios, tables),
+micro (the AdamW step and CLI start-up on their own).
+"""

@@ -1,0 +1,74 @@
+"""Command line of `python -m app.bench` (see the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from app.bench import __doc__ as package_doc
+from app.bench.micro import adamw_step_times, adamw_table, measure_startup, startup_table
+from app.bench.profiles import CONTENDERS, PROFILES
+from app.bench.report import ablation_table, benchmark_table, machine_info
+from app.bench.schedule import run_ablations, run_benchmark
+from app.bench.workers import worker_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return worker_main(Path(args.worker))
+    if args.startup:
+        report = {"machine": machine_info(), "startup": measure_startup(args.startup_runs)}
+        print(startup_table(report["startup"]))
+    elif args.adamw:
+        report = {"machine": machine_info(), "adamw": adamw_step_times(args.rounds)}
+        print(adamw_table(report["adamw"]))
+    elif args.ablate:
+        report = run_ablations(args)
+        print(ablation_table(report))
+    else:
+        report = run_benchmark(args)
+        print(benchmark_table(report))
+    path = Path(args.json or default_json_path(args))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"\nJSON: {path}")
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m app.bench", description=package_doc.splitlines()[0])
+    p.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (median reported)")
+    p.add_argument(
+        "--lockstep",
+        action=argparse.BooleanOptionalAction,
+        help="contenders take turns step by step (default: on for the CPU profiles)",
+    )
+    p.add_argument("--warmup", type=int, help="steps excluded from throughput")
+    p.add_argument("--steps", type=int, help="measured steps after the warm-up")
+    p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset")
+    p.add_argument("--variants", help="comma-separated subset of the profile's variants")
+    p.add_argument("--ablate", action="store_true", help="time each speed-up option alone")
+    p.add_argument("--only", help="ablate: comma-separated subset of ablation names")
+    p.add_argument("--startup", action="store_true", help="time app.train --help / --cfg job")
+    p.add_argument("--startup-runs", type=int, default=7)
+    p.add_argument("--adamw", action="store_true", help="time one AdamW step per implementation")
+    p.add_argument("--json", help="where to write the JSON report")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one spec file
+    p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every contender")
+    return p.parse_args(argv)
+
+
+def default_json_path(args: argparse.Namespace) -> str:
+    kinds = {"startup": args.startup, "adamw": args.adamw, "ablate": args.ablate}
+    kind = next((k for k, on in kinds.items() if on), "bench")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"outputs/bench/{kind}-{args.profile}-{stamp}.json"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
