@@ -63,6 +63,20 @@ def global_sum(value: float, info: DistInfo, device: torch.device) -> torch.Tens
     return t
 
 
+def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum `t` over ranks in place (a no-op in a single process); returns it."""
+    if info.enabled:
+        dist.all_reduce(t)
+    return t
+
+
+def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DDP (maybe compiled): a forward with no collectives in it."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.module
+    return model
+
+
 def shared_run_dir(run_dir: Path, info: DistInfo) -> Path:
     """Rank 0's run directory for every rank: Hydra stamps each rank's own with its start time,
     and `training.resume=auto` must find the same checkpoints everywhere."""

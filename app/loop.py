@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from app import checkpoint as ckpt
-from app.batching import BatchPlan
-from app.distributed import DistInfo, global_sum, no_sync
+from app.batching import BatchPlan, rank_slice
+from app.distributed import DistInfo, all_reduce_sum, global_sum, no_sync, unwrap_ddp
 from app.faults import FaultInjector
 from app.objective import NullReporter, Reporter
 from app.outcomes import Diverged, Pruned, TrainingOOM
@@ -72,9 +72,11 @@ def autocast(run: Run) -> contextlib.AbstractContextManager:
     return torch.autocast(run.device.type, dtype=run.precision.autocast_dtype)
 
 
-def loss_sum(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def loss_sum(
+    run: Run, x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module | None = None
+) -> torch.Tensor:
     with autocast(run):
-        logits = run.model(input_ids=x).logits
+        logits = (model or run.model)(input_ids=x).logits
     # Summed, not averaged: the caller divides by the target tokens of the whole optimizer step.
     return F.cross_entropy(
         logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
@@ -187,16 +189,25 @@ def _log_oom(run: Run, step: int, counts: dict[str, int]) -> None:
 
 @torch.no_grad()
 def evaluate(run: Run, step: int) -> float:
+    """Mean validation loss per target token.
+
+    Under DDP each rank evaluates its own contiguous share of the validation blocks and the sums
+    are added up over ranks: the figure one process gets, for 1/world of the work. The forward
+    goes around the DDP wrapper, whose forward may run collectives, because the shares (and so
+    the number of batches) can differ by one block between ranks.
+    """
+    model = unwrap_ddp(run.model)
+    share = run.val_blocks[rank_slice(len(run.val_blocks), run.dist.rank, run.dist.world_size)]
     run.model.eval()
-    total = torch.zeros((), device=run.device)
+    total = torch.zeros((), device=run.device, dtype=torch.float64)
     tokens = 0
     while True:
         try:
-            for start in range(0, len(run.val_blocks), run.plan.micro_batch_size):
-                chunk = run.val_blocks[start : start + run.plan.micro_batch_size]
+            for start in range(0, len(share), run.plan.micro_batch_size):
+                chunk = share[start : start + run.plan.micro_batch_size]
                 run.faults.check("eval", len(chunk), step)
                 x, y = inputs_and_targets(chunk)
-                total += loss_sum(run, x.to(run.device), y.to(run.device))
+                total += loss_sum(run, x.to(run.device), y.to(run.device), model)
                 tokens += int((y != IGNORE).sum())
             break
         except torch.OutOfMemoryError as exc:
@@ -206,7 +217,9 @@ def evaluate(run: Run, step: int) -> float:
         total.zero_()
         tokens = 0
     run.model.train()
-    return total.item() / max(tokens, 1)
+    sums = torch.stack([total, torch.tensor(float(tokens), device=run.device, dtype=total.dtype)])
+    loss, count = all_reduce_sum(sums, run.dist).tolist()  # the one host sync of the evaluation
+    return loss / max(count, 1.0)
 
 
 def save(run: Run, step: int) -> None:

@@ -163,10 +163,10 @@ def run_recording_steps(cfg, run_dir: Path, monkeypatch) -> tuple[dict, list[lis
         steps.append([])
         return orig_step(run, blocks, step)
 
-    def loss_sum(run, x, y):
+    def loss_sum(run, x, y, *model):
         if torch.is_grad_enabled() and steps:
             steps[-1].append(len(x))
-        return orig_loss(run, x, y)
+        return orig_loss(run, x, y, *model)
 
     monkeypatch.setattr(loop, "train_step", train_step)
     monkeypatch.setattr(loop, "loss_sum", loss_sum)

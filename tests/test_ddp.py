@@ -57,3 +57,33 @@ def test_two_ranks_match_one_process(tmp_path):
     ]
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_each_rank_evaluates_its_share_and_the_sums_make_the_whole(monkeypatch):
+    """Evaluation under DDP: rank r sees only its share of the validation blocks; the summed
+    (loss, tokens) over ranks give the single-process validation loss (to float32 rounding:
+    the batches are cut differently)."""
+    import app.loop as loop
+    from app.distributed import DistInfo
+    from tests.test_accumulation import _run, _tiny_model_and_blocks
+
+    model, blocks = _tiny_model_and_blocks()
+    run = _run(model, micro=4, optimizer_kind="sgd")
+    run.val_blocks = blocks[:11]  # odd: shares of 6 and 5 blocks, so 2 batches on each rank
+    whole = loop.evaluate(run, step=0)
+
+    sums, seen = [], []
+    monkeypatch.setattr(loop, "all_reduce_sum", lambda t, info: (sums.append(t.clone()), t)[1])
+    real_loss_sum = loop.loss_sum
+    monkeypatch.setattr(
+        loop,
+        "loss_sum",
+        lambda run, x, y, m=None: (seen.append(len(x)), real_loss_sum(run, x, y, m))[1],
+    )
+    for rank in (0, 1):
+        run.dist = DistInfo(rank=rank, world_size=2)
+        loop.evaluate(run, step=0)
+    assert seen == [4, 2, 4, 1]  # rank 0: blocks 0-5, rank 1: blocks 6-10
+    loss, count = (sums[0] + sums[1]).tolist()
+    assert count == int((blocks[:11, 1:] != -100).sum())
+    assert loss / count == pytest.approx(whole, rel=1e-6)

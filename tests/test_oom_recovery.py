@@ -47,10 +47,10 @@ def step_sizes(monkeypatch):
         seen.append((step, []))
         return orig_step(run, blocks, step)
 
-    def loss_sum(run, x, y):
+    def loss_sum(run, x, y, *model):
         if torch.is_grad_enabled() and seen:
             seen[-1][1].append(len(x))
-        return orig_loss(run, x, y)
+        return orig_loss(run, x, y, *model)
 
     monkeypatch.setattr(loop, "train_step", train_step)
     monkeypatch.setattr(loop, "loss_sum", loss_sum)
@@ -103,12 +103,12 @@ def test_the_failed_steps_tensors_are_released_after_recovery(cache_dir, tmp_pat
         refs.append(weakref.ref(held))
         return held
 
-    def loss_sum(run, x, y):
+    def loss_sum(run, x, y, *model):
         if torch.is_grad_enabled():
             refs.clear()
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                return orig_loss(run, x, y)
-        return orig_loss(run, x, y)
+                return orig_loss(run, x, y, *model)
+        return orig_loss(run, x, y, *model)
 
     def alive() -> int:
         return sum(r() is not None for r in refs)
