@@ -9,8 +9,8 @@ host-side counterpart of PyTorch's CUDA caching allocator. The peak RSS does not
 memory stays with the process until it exits.
 
 `training.host_malloc=default` leaves glibc's adaptive thresholds alone. Other C libraries
-(musl, macOS) are left as they are. Note that LD_PRELOAD'ed jemalloc or tcmalloc replace
-malloc itself, and then this setting is harmless: mallopt is still glibc's.
+(musl, macOS) are left as they are. With jemalloc or tcmalloc LD_PRELOADed, malloc is theirs
+and mallopt only tunes glibc's, which then goes unused.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def loss_sum(
     run: Run, x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module | None = None
 ) -> torch.Tensor:
     with autocast(run):
-        logits = (model or run.model)(input_ids=x).logits
+        logits = (run.model if model is None else model)(input_ids=x).logits
     # Summed, not averaged: the caller divides by the target tokens of the whole optimizer step.
     return F.cross_entropy(
         logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
