@@ -94,7 +94,9 @@ def run_rounds(
 ) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """Every arm once per round; a failed run is recorded.
 
-    The order rotates each round (a, b, c; b, c, a; c, a, b; ...), so over a multiple of the
+    In lockstep, the arms of each group (a variant, or an ablation option) run together and
+    their turn order rotates every step (app/lockstep.py). Otherwise they run one after another
+    and the order rotates each round (a, b, c; b, c, a; c, a, b; ...), so over a multiple of the
     number of arms each one runs equally often in every slot: on a shared machine the slot alone
     was measured to move a contender by several percent."""
     results: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in arms}
