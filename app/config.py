@@ -115,7 +115,9 @@ class TrainingConfig:
     fused_adamw: bool | None = None  # null: fused on CUDA
     max_grad_norm: float = 1.0  # 0 disables clipping
     eval_every: int = 50
-    eval_batches: int = 8  # validation set = eval_batches x the starting micro-batch
+    # Validation sequences (the first N blocks of the held-out split; fewer if it is smaller).
+    # Fixed in samples, not batches, so trials with different micro-batches score the same set.
+    eval_samples: int = 128
     eval_at_start: bool = True  # a step-0 validation loss to compare the end against
     log_every: int = 10
     checkpoint_every: int = 100  # 0: only at the end
@@ -245,7 +247,7 @@ def _validate_training(t: DictConfig) -> None:
                 f"1..{t.effective_batch_size}"
             )
     _positive("training.max_steps", t.max_steps)
-    for key in ("eval_every", "log_every", "eval_batches", "keep_checkpoints"):
+    for key in ("eval_every", "log_every", "eval_samples", "keep_checkpoints"):
         _positive(f"training.{key}", t[key])
     _non_negative("training.checkpoint_every", t.checkpoint_every)
     _non_negative("training.warmup_steps", t.warmup_steps)

@@ -100,7 +100,7 @@ def build_run(
         device=tdev,
         cfg=cfg.training,
         steps=iter(()),
-        val_blocks=data.val[: cfg.training.eval_batches * plan.micro_batch_size],
+        val_blocks=data.val[: cfg.training.eval_samples],
         run_dir=run_dir,
         scaler=torch.amp.GradScaler(device.type) if precision.use_grad_scaler else None,
         faults=FaultInjector(cfg.faults),

@@ -34,7 +34,7 @@ TINY = [
     "training.max_steps=6",
     "training.eval_every=3",
     "training.log_every=1",
-    "training.eval_batches=2",
+    "training.eval_samples=8",
     "training.warmup_steps=2",
     "training.progress_bar=false",
 ]

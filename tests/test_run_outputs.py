@@ -70,3 +70,14 @@ def test_tensorboard_has_the_train_and_val_tags(run_dir):
 
 def test_checkpoint_written_at_the_end(run_dir):
     assert (run_dir / "checkpoints" / "step_00000006.pt").is_file()
+
+
+def test_the_validation_set_does_not_depend_on_the_micro_batch(tmp_path):
+    """Trials of a sweep differ in micro-batch (it is probed per shape and capped by the batch):
+    their validation losses must be scored on the same sequences to be comparable."""
+    initial = {}
+    for micro in (2, 8):
+        cfg = compose(tiny(tmp_path, f"training.micro_batch_size={micro}", "training.max_steps=1"))
+        initial[micro] = run_training(cfg, tmp_path / f"micro-{micro}")["initial_val_loss"]
+    # Same model and sequences, batched differently: equal up to float32 rounding.
+    assert initial[2] == pytest.approx(initial[8], rel=1e-6)
