@@ -138,6 +138,7 @@ class FaultsConfig:
     oom_above_micro_batch: int | None = None
     oom_phase: str = "forward"  # forward | backward | optimizer | eval
     oom_from_step: int = 0  # first optimizer step at which the fault fires
+    oom_rank: int | None = None  # under torchrun: only this rank fails (null: every rank)
 
 
 @dataclass
@@ -268,3 +269,5 @@ def _validate_faults(f: DictConfig) -> None:
     if f.oom_above_micro_batch is not None:
         _non_negative("faults.oom_above_micro_batch", f.oom_above_micro_batch)
     _non_negative("faults.oom_from_step", f.oom_from_step)
+    if f.oom_rank is not None:
+        _non_negative("faults.oom_rank", f.oom_rank)

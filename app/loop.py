@@ -158,6 +158,15 @@ def shrink_micro_batch(run: Run, step: int, error: str | None) -> None:
     _log_oom(run, step, counts)
     if current <= 1 or not run.cfg.auto_batch.oom_recovery:
         raise TrainingOOM(f"out of memory at micro-batch {current} (step {step}): {error}")
+    if run.dist.enabled:
+        # The other ranks are already inside this step's collectives: a redo here would pair
+        # its collectives with theirs out of order (gloo aborts on the mismatch; NCCL may hang
+        # or mix buffers). End the run cleanly instead; torchrun then stops the other ranks.
+        raise TrainingOOM(
+            f"out of memory on rank {run.dist.rank} at micro-batch {current} (step {step}); "
+            "under torchrun a step cannot be redone on one rank alone: rerun with "
+            f"training.micro_batch_size={max(1, current // 2)} ({error})"
+        )
     smaller = max(1, current // 2)
     run.plan = run.plan.with_micro_batch(
         smaller, "reduced_after_oom", oom_at_step=step, reduced_from=current, **counts

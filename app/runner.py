@@ -103,7 +103,7 @@ def build_run(
         val_blocks=data.val[: cfg.training.eval_samples],
         run_dir=run_dir,
         scaler=torch.amp.GradScaler(device.type) if precision.use_grad_scaler else None,
-        faults=FaultInjector(cfg.faults),
+        faults=FaultInjector(cfg.faults, dist.rank),
         dist=dist,
         flops_per_token=flops_per_token(
             shape.num_params, shape.n_layer, shape.n_head, shape.head_dim, cfg.data.seq_len
