@@ -18,7 +18,7 @@ MODEL_ARCHS = ("gpt2", "llama", "pretrained")
 DATA_SOURCES = ("builtin", "text_files", "synthetic")
 SCHEDULES = ("cosine", "linear", "constant")
 FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
-HOST_MALLOC_POLICIES = ("retain", "default")  # app/host_malloc.py
+HOST_MALLOC_POLICIES = ("retain", "default")  # app/hardware/host_malloc.py
 
 
 class ConfigError(ValueError):
@@ -87,7 +87,7 @@ class DataConfig:
 
 @dataclass
 class AutoBatchConfig:
-    """How training.micro_batch_size=auto is resolved (see app/batching.py)."""
+    """How training.micro_batch_size=auto is resolved (see app/batch/plan.py)."""
 
     max_micro_batch: int = 1024
     max_probe_steps: int = 40
@@ -125,8 +125,8 @@ class TrainingConfig:
     seed: int = 1337
     resume: str | None = None  # null | auto (this run dir) | path to a run dir or checkpoint
     progress_bar: bool = True
-    # Host malloc policy (app/host_malloc.py): retain | default. retain keeps freed memory for
-    # the next step instead of page-faulting it back in from the kernel every step.
+    # Host malloc policy (app/hardware/host_malloc.py): retain | default. retain keeps freed
+    # memory for the next step instead of page-faulting it back in from the kernel every step.
     host_malloc: str = "retain"
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
 

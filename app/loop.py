@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from app import checkpoint as ckpt
-from app.batching import BatchPlan, rank_slice
+from app.batch.faults import FaultInjector
+from app.batch.plan import BatchPlan, rank_slice
 from app.distributed import DistInfo, all_reduce_sum, global_sum, no_sync, unwrap_ddp
-from app.faults import FaultInjector
+from app.hardware.precision import PrecisionPlan
 from app.objective import NullReporter, Reporter
 from app.outcomes import Diverged, Pruned, TrainingOOM
-from app.precision import PrecisionPlan
 from app.telemetry import RunLogger, cuda_memory_metrics, mfu, peak_memory_bytes
 
 log = logging.getLogger(__name__)

@@ -127,3 +127,10 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
         n += p.numel()
     n_head = config.num_attention_heads
     return ModelShape(n, config.num_hidden_layers, n_head, config.hidden_size // n_head)
+
+
+def maybe_compile(model: torch.nn.Module, mcfg: DictConfig, preset: DictConfig) -> torch.nn.Module:
+    wanted = preset.compile if mcfg.compile is None else mcfg.compile
+    if not wanted:
+        return model
+    return torch.compile(model, mode=mcfg.compile_mode)

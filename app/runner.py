@@ -13,21 +13,22 @@ import torch
 from omegaconf import DictConfig
 
 from app import checkpoint as ckpt
-from app.autobatch import describe as describe_choice
-from app.autobatch import plan_scalars
-from app.batching import BatchPlan, fixed_plan
+from app.batch.faults import FaultInjector
+from app.batch.plan import BatchPlan, fixed_plan
+from app.batch.probe import describe as describe_choice
+from app.batch.probe import plan_scalars
 from app.config import validate
-from app.data import StepDataset, load_token_data, make_step_loader, resolve_num_workers
+from app.data.loader import StepDataset, make_step_loader, resolve_num_workers
+from app.data.tokens import load_token_data
 from app.distributed import DistInfo, init_distributed, shared_run_dir, shutdown, wrap_ddp
-from app.faults import FaultInjector
-from app.hardware import DeviceInfo, detect_device, effective_preset
-from app.host_malloc import apply_host_malloc
+from app.hardware.devices import DeviceInfo, detect_device, effective_preset
+from app.hardware.host_malloc import apply_host_malloc
+from app.hardware.precision import PrecisionPlan, apply_precision_flags, resolve_precision
 from app.loop import Run, peak_memory, restore, train
-from app.model import build_model, model_shape
+from app.model import build_model, maybe_compile, model_shape
 from app.objective import build_reporter
 from app.optim import build_optimizer, build_scheduler
 from app.outcomes import RunOutcome
-from app.precision import PrecisionPlan, apply_precision_flags, resolve_precision
 from app.telemetry import RunLogger, flops_per_token, mfu, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def build_run(
 def choose_plan(cfg, model, data, device, preset, precision, dist) -> BatchPlan:
     t = cfg.training
     if t.micro_batch_size == "auto":
-        from app.autobatch import auto_plan
+        from app.batch.probe import auto_plan
 
         return auto_plan(cfg, model, data, device, preset, precision, dist)
     return fixed_plan(t.effective_batch_size, t.micro_batch_size, dist.world_size, dist.rank)
@@ -134,7 +135,7 @@ def plan_listener(cfg, model, device, preset, precision, dist):
     """Run.on_plan_change: an auto run that recovers from an OOM teaches the micro-batch cache."""
     if cfg.training.micro_batch_size != "auto" or not dist.is_main:
         return None
-    from app.autobatch import oom_listener
+    from app.batch.probe import oom_listener
 
     return oom_listener(cfg, model, device, preset, precision)
 
@@ -154,13 +155,6 @@ def step_loader(cfg, blocks, plan: BatchPlan, start_step, preset, device, dist):
         persistent_workers=d.persistent_workers,
         prefetch_factor=d.prefetch_factor,
     )
-
-
-def maybe_compile(model: torch.nn.Module, mcfg: DictConfig, preset: DictConfig) -> torch.nn.Module:
-    wanted = preset.compile if mcfg.compile is None else mcfg.compile
-    if not wanted:
-        return model
-    return torch.compile(model, mode=mcfg.compile_mode)
 
 
 def describe_run(run: Run, device: DeviceInfo, precision: PrecisionPlan, cfg) -> dict[str, Any]:

@@ -6,12 +6,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from app.batching import BatchPlan, fixed_plan, rank_share, split_sizes
+from app.batch.plan import BatchPlan, fixed_plan, rank_share, split_sizes
 from app.config import ModelConfig, TrainingConfig
+from app.hardware.precision import PrecisionPlan
 from app.loop import Run, train_step
 from app.model import build_model
 from app.optim import build_optimizer, build_scheduler
-from app.precision import PrecisionPlan
 
 FP32 = PrecisionPlan("fp32", None, False, False, "test")
 

@@ -1,4 +1,4 @@
-"""training.micro_batch_size=auto: the probe, the choice, the cache (app/autobatch.py)."""
+"""training.micro_batch_size=auto: the probe, the choice, the cache (app/batch/probe.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import app.loop as loop
-from app import autobatch, batch_cache
 from app import checkpoint as ckpt
+from app.batch import cache as batch_cache
+from app.batch import probe as autobatch
 from app.distributed import DistInfo
 from app.outcomes import TrainingOOM
 from app.preflight import compose
@@ -24,10 +25,10 @@ def tiny_cfg(cache: Path, *overrides: str, base: list[str] = AUTO_TINY):
 
 def parts(cfg):
     """What runner.build_run hands to auto_plan, without the rest of the run."""
-    from app.data import load_token_data
-    from app.hardware import detect_device, effective_preset
+    from app.data.tokens import load_token_data
+    from app.hardware.devices import detect_device, effective_preset
+    from app.hardware.precision import resolve_precision
     from app.model import build_model
-    from app.precision import resolve_precision
 
     data = load_token_data(cfg.data)
     device = detect_device(cfg.gpu)

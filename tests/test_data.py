@@ -7,20 +7,23 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import app.data as data_mod
+import app.data.loader as loader_mod
+import app.data.tokens as data_mod
+from app.batch.plan import rank_slice
 from app.config import ConfigError, DataConfig
-from app.corpus import generate_corpus
-from app.data import (
+from app.data.corpus import generate_corpus
+from app.data.loader import (
     StepDataset,
+    make_step_loader,
+    resolve_num_workers,
+    step_sample_indices,
+    val_batches,
+)
+from app.data.tokens import (
     load_token_data,
     load_tokenizer,
-    make_step_loader,
-    rank_slice,
-    resolve_num_workers,
     split_documents,
-    step_sample_indices,
     tokenize_documents,
-    val_batches,
 )
 
 
@@ -239,7 +242,7 @@ def test_step_indices_wrap_across_epochs_and_are_deterministic():
     for epoch in range(3):
         assert sorted(stream[epoch * 7 : (epoch + 1) * 7].tolist()) == list(range(7))
     assert not torch.equal(stream[:7], stream[7:14])  # a new permutation each epoch
-    data_mod._epoch_permutation.cache_clear()
+    loader_mod._epoch_permutation.cache_clear()
     assert torch.equal(step_sample_indices(num_blocks, per_step, 4, seed), stream[12:15])
 
 

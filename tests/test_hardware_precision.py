@@ -7,8 +7,14 @@ import torch
 from omegaconf import OmegaConf
 
 from app.config import ConfigError, GpuConfig
-from app.hardware import DeviceInfo, detect_device, effective_preset, load_presets, match_preset
-from app.precision import resolve_precision
+from app.hardware.devices import (
+    DeviceInfo,
+    detect_device,
+    effective_preset,
+    load_presets,
+    match_preset,
+)
+from app.hardware.precision import resolve_precision
 
 
 def _cuda(name: str, cc: tuple[int, int], preset: str) -> DeviceInfo:

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT, compose, tiny
 
-from app import host_malloc
+from app.hardware import host_malloc
 
 glibc_only = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
@@ -23,7 +23,7 @@ glibc_only = pytest.mark.skipif(
 FAULTS_PER_ALLOCATION = """
 import json, resource, sys
 import torch
-from app.host_malloc import apply_host_malloc
+from app.hardware.host_malloc import apply_host_malloc
 applied = apply_host_malloc(sys.argv[1])
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from app import lockstep
-from app.bench import profiles, schedule
+from app.bench import lockstep, profiles, schedule
 from app.bench.clock import StepClock
 
 # A worker: ready, then `steps` steps, each appending "<name> <step>" to a shared file.
 WORKER = """
 import sys
-from app.lockstep import Baton
+from app.bench.lockstep import Baton
 go, done, name, steps, path, die_at = sys.argv[1:]
 baton = Baton(int(go), int(done))
 baton.pass_()

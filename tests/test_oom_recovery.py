@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import app.loop as loop
-from app import autobatch
-from app.faults import FaultInjector
+from app.batch import probe as autobatch
+from app.batch.faults import FaultInjector
 from app.outcomes import TrainingOOM
 from app.preflight import compose
 from app.runner import run_training

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from app.hardware import PRESET_DIR, DeviceInfo, load_presets
+from app.hardware.devices import PRESET_DIR, DeviceInfo, load_presets
 from app.loop import Throughput, _log_window
 from app.model import model_shape
 from app.telemetry import flops_per_token, mfu

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.bench.lockstep import Lane, run_turns
 from app.bench.profiles import PROFILES, Arm, ablations
 from app.bench.report import add_ratios, aggregate, machine_info
-from app.lockstep import Lane, run_turns
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
@@ -95,10 +95,10 @@ def run_rounds(
     """Every arm once per round; a failed run is recorded.
 
     In lockstep, the arms of each group (a variant, or an ablation option) run together and
-    their turn order rotates every step (app/lockstep.py). Otherwise they run one after another
-    and the order rotates each round (a, b, c; b, c, a; c, a, b; ...), so over a multiple of the
-    number of arms each one runs equally often in every slot: on a shared machine the slot alone
-    was measured to move a contender by several percent."""
+    their turn order rotates every step (app/bench/lockstep.py). Otherwise they run one after
+    another and the order rotates each round (a, b, c; b, c, a; c, a, b; ...), so over a
+    multiple of the number of arms each one runs equally often in every slot: on a shared machine
+    the slot alone was measured to move a contender by several percent."""
     results: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in arms}
     keys = list(arms)
     warmup, steps = args.warmup or prof["warmup"], args.steps or prof["steps"]
@@ -153,8 +153,8 @@ def run_worker(arm: Arm, prof: dict[str, Any], warmup: int, steps: int) -> dict[
 def run_lockstep(
     arms: dict[tuple[str, str], Arm], prof: dict[str, Any], warmup: int, steps: int
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """One run of each arm, all in lockstep (app/lockstep.py): each sets up alone, then they take
-    turns step by step."""
+    """One run of each arm, all in lockstep (app/bench/lockstep.py): each sets up alone, then
+    they take turns step by step."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         lanes: dict[tuple[str, str], Lane] = {}
         outs: dict[tuple[str, str], Path] = {}

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.clock import StepClock
-from app.lockstep import Baton
+from app.bench.lockstep import Baton
 
 
 def worker_main(spec_path: Path) -> int:
@@ -62,12 +62,12 @@ def _result(
 
 def _device_setup(cfg, host_malloc: str):
     """Device, precision and the FLOPs/peak figures, resolved exactly as the trainer does, and a
-    host malloc policy (app/host_malloc.py) for this process."""
+    host malloc policy (app/hardware/host_malloc.py) for this process."""
     import torch
 
-    from app.hardware import detect_device, effective_preset
-    from app.host_malloc import apply_host_malloc
-    from app.precision import apply_precision_flags, resolve_precision
+    from app.hardware.devices import detect_device, effective_preset
+    from app.hardware.host_malloc import apply_host_malloc
+    from app.hardware.precision import apply_precision_flags, resolve_precision
 
     apply_host_malloc(host_malloc)
     device = detect_device(cfg.gpu)
@@ -164,7 +164,7 @@ def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from app.data import load_token_data
+    from app.data.tokens import load_token_data
     from app.model import build_model
     from app.optim import build_scheduler
 
@@ -213,7 +213,8 @@ def work_hf(spec: dict[str, Any]) -> dict[str, Any]:
     """transformers.Trainer with the same model, batch plan, optimizer recipe and precision."""
     from transformers import TrainerCallback, TrainingArguments
 
-    from app.data import load_token_data, resolve_num_workers
+    from app.data.loader import resolve_num_workers
+    from app.data.tokens import load_token_data
     from app.model import build_model
 
     cfg = _compose(spec)

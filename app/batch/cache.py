@@ -23,8 +23,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from app.atomic import atomic_write_text
-from app.hardware import DeviceInfo, host_memory_bytes
-from app.precision import PrecisionPlan
+from app.hardware.devices import DeviceInfo, host_memory_bytes
+from app.hardware.precision import PrecisionPlan
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1

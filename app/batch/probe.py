@@ -18,7 +18,7 @@ this effective batch really uses) and the fastest in samples/s wins; near-ties g
 The micro-batch is then trimmed to the largest size of its split: 32 samples at most 12 per
 micro-batch run as 11+11+10, so the plan says 11.
 
-Cache (app/batch_cache.py): one JSON file per shape under `<data.cache_dir>/autobatch/` (or
+Cache (app/batch/cache.py): one JSON file per shape under `<data.cache_dir>/autobatch/` (or
 `training.auto_batch.cache_dir`), keyed by everything that changes memory
 use. Writers take a file lock and merge, and write atomically, so parallel HPO workers neither
 corrupt nor lose entries. Failures are sticky: an OOM learned during a run (`record_oom`) caps
@@ -44,7 +44,7 @@ import torch
 from omegaconf import DictConfig
 
 from app import checkpoint as ckpt
-from app.batch_cache import (
+from app.batch.cache import (
     Trials,
     cache_key,
     cache_path,
@@ -55,14 +55,15 @@ from app.batch_cache import (
     read_entry,
     record_oom,
 )
-from app.batching import BatchPlan, fixed_plan
+from app.batch.faults import FaultInjector
+from app.batch.plan import BatchPlan, fixed_plan
 from app.distributed import DistInfo
-from app.faults import FaultInjector
-from app.hardware import DeviceInfo, host_memory_bytes
+from app.hardware.devices import DeviceInfo, host_memory_bytes
+from app.hardware.precision import PrecisionPlan
 from app.loop import Run, inputs_and_targets, loss_sum, release_after_oom, train_step
+from app.model import maybe_compile
 from app.optim import build_optimizer, build_scheduler
 from app.outcomes import TrainingOOM
-from app.precision import PrecisionPlan
 
 log = logging.getLogger(__name__)
 TIE = 0.03  # samples/s within 3% count as a tie (timing noise): the larger micro-batch wins
@@ -312,8 +313,6 @@ class Probe:
         return self.trials
 
     def _probe_run(self) -> Run:
-        from app.runner import maybe_compile  # the run's own compile decision
-
         cfg, tdev = self.cfg, self.device.torch_device
         optimizer = build_optimizer(self.model, cfg.training)
         return Run(

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from app.config import ConfigError, GpuConfig
 
 log = logging.getLogger(__name__)
-PRESET_DIR = Path(__file__).resolve().parent.parent / "conf" / "gpu"
+PRESET_DIR = Path(__file__).resolve().parents[2] / "conf" / "gpu"
 
 
 @dataclass

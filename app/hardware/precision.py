@@ -8,7 +8,7 @@ import torch
 from omegaconf import DictConfig
 
 from app.config import ConfigError
-from app.hardware import DeviceInfo
+from app.hardware.devices import DeviceInfo
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
