@@ -25,3 +25,11 @@ class Pruned(RunOutcome):
     """The reporter said this run is hopeless: HPO records the trial as pruned."""
 
     status = "pruned"
+
+
+class Preempted(RunOutcome):
+    """SIGTERM/SIGINT: the run saved a checkpoint and its summary and stopped; it resumes with
+    `training.resume=auto`. HPO records the trial as failed with reason=preempted (it can be
+    retried) and the worker stops cleanly."""
+
+    status = "preempted"
