@@ -7,9 +7,12 @@ crash leaves either the previous checkpoints or the new one, never half a file. 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import torch
 
 from app.atomic import atomic_write
 from app.config import ConfigError
+from app.outcomes import WriteFailed
 
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
 
@@ -33,12 +37,38 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write step `step`'s checkpoint, then drop all but the last `keep`. Raises WriteFailed
+    (one line; the earlier checkpoints intact, no temporary file left) when the write fails."""
     final = checkpoint_path(directory, step)
-    atomic_write(final, lambda f: torch.save(state, f))
-    _fsync_dir(directory)  # make the rename itself durable before older checkpoints go
+    remove_stale_temporaries(directory)
+    try:
+        atomic_write(final, lambda f: torch.save(state, f))
+        _fsync_dir(directory)  # make the rename itself durable before older checkpoints go
+    except (OSError, RuntimeError) as exc:  # torch reports a full disk as a RuntimeError
+        raise WriteFailed(
+            f"could not write checkpoint {final} ({_why(exc, directory)}); the earlier "
+            "checkpoints are intact"
+        ) from None
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return final
+
+
+def _why(exc: BaseException, directory: Path) -> str:
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return os.strerror(exc.errno)
+    with contextlib.suppress(OSError):
+        if shutil.disk_usage(directory).free < 1 << 20:
+            return os.strerror(errno.ENOSPC)
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def remove_stale_temporaries(directory: Path) -> None:
+    """Temporary files of checkpoint writes that a kill interrupted (see app/atomic.py)."""
+    if directory.is_dir():
+        for tmp in directory.glob(".step_*.pt.*.tmp"):
+            tmp.unlink(missing_ok=True)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -70,9 +100,10 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
     )
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint's state; `mmap` maps the tensors instead of reading them (a quick look)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:
         raise ConfigError(
             f"training.resume: checkpoint {path} is unreadable ({type(exc).__name__}); "

@@ -13,16 +13,16 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
+from app.validation import ConfigError, check_bounds, check_known_keys
+
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 MODEL_ARCHS = ("gpt2", "llama", "pretrained")
 DATA_SOURCES = ("builtin", "text_files", "synthetic")
 SCHEDULES = ("cosine", "linear", "constant")
 FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
 HOST_MALLOC_POLICIES = ("retain", "default")  # app/hardware/host_malloc.py
-
-
-class ConfigError(ValueError):
-    """A setting the user can fix; the message is one line naming the key and what is allowed."""
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -164,18 +164,14 @@ def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
 
 
-def _positive(key: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{key}={value!r} must be a positive integer")
-
-
-def _non_negative(key: str, value: Any) -> None:
-    if not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{key}={value!r} must be an integer >= 0")
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def validate(cfg: DictConfig) -> None:
     """Device-independent checks run before any expensive work; raise ConfigError."""
+    check_known_keys(cfg)
+    check_bounds(cfg)
     _one_of("precision", cfg.precision.name, PRECISIONS)
     _one_of("gpu.device_type", cfg.gpu.device_type, ("auto", "cuda", "cpu"))
     _validate_preset_precision(cfg.gpu, cfg.precision.name)
@@ -199,26 +195,28 @@ def _validate_preset_precision(gpu: DictConfig, requested: str) -> None:
 
 def _validate_model(m: DictConfig, d: DictConfig) -> None:
     _one_of("model.arch", m.arch, MODEL_ARCHS)
+    _one_of("model.attn_implementation", m.attn_implementation, ATTN_IMPLEMENTATIONS)
+    _one_of("model.compile_mode", m.compile_mode, COMPILE_MODES)
     if m.arch == "pretrained":
         if not m.path:
             raise ConfigError("model.path is required when model.arch=pretrained")
         return
-    for key in ("n_layer", "n_head", "n_embd", "max_position_embeddings"):
-        _positive(f"model.{key}", m[key])
     if m.n_embd % m.n_head:
         raise ConfigError(
             f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head} "
             f"(allowed n_head: {', '.join(str(h) for h in _divisors(m.n_embd))})"
         )
-    if m.n_kv_head is not None and (m.n_kv_head < 1 or m.n_head % m.n_kv_head):
+    if m.n_kv_head is not None and m.n_head % m.n_kv_head:
         raise ConfigError(f"model.n_kv_head={m.n_kv_head} must divide model.n_head={m.n_head}")
     if d.seq_len > m.max_position_embeddings:
         raise ConfigError(
             f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings="
             f"{m.max_position_embeddings}; use data.seq_len<={m.max_position_embeddings}"
         )
-    if not 0.0 <= m.dropout < 1.0:
-        raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 def _divisors(n: int) -> list[int]:
@@ -227,47 +225,37 @@ def _divisors(n: int) -> list[int]:
 
 def _validate_data(d: DictConfig) -> None:
     _one_of("data.source", d.source, DATA_SOURCES)
-    _positive("data.seq_len", d.seq_len)
     if d.source == "text_files" and not d.paths:
         raise ConfigError("data.paths is empty; data.source=text_files needs files or globs")
-    if not 0.0 < d.val_fraction < 0.5:
-        raise ConfigError(f"data.val_fraction={d.val_fraction} must be in (0, 0.5)")
-    if d.num_workers != "auto":
-        _non_negative("data.num_workers", d.num_workers)
-    _positive("data.prefetch_factor", d.prefetch_factor)
+    if d.num_workers != "auto" and not _is_count(d.num_workers):
+        raise ConfigError(f"data.num_workers={d.num_workers!r} must be auto or an integer >= 0")
 
 
 def _validate_training(t: DictConfig) -> None:
-    _positive("training.effective_batch_size", t.effective_batch_size)
     if t.micro_batch_size != "auto":
-        _positive("training.micro_batch_size", t.micro_batch_size)
+        if not _is_count(t.micro_batch_size) or t.micro_batch_size < 1:
+            raise ConfigError(
+                f"training.micro_batch_size={t.micro_batch_size!r} must be auto or a positive "
+                "integer"
+            )
         if t.micro_batch_size > t.effective_batch_size:
             raise ConfigError(
                 f"training.micro_batch_size={t.micro_batch_size} is larger than "
                 f"training.effective_batch_size={t.effective_batch_size}; allowed: auto or "
                 f"1..{t.effective_batch_size}"
             )
-    _positive("training.max_steps", t.max_steps)
-    for key in ("eval_every", "log_every", "eval_samples", "keep_checkpoints"):
-        _positive(f"training.{key}", t[key])
-    _non_negative("training.checkpoint_every", t.checkpoint_every)
-    _non_negative("training.warmup_steps", t.warmup_steps)
     _one_of("training.schedule", t.schedule, SCHEDULES)
     _one_of("training.host_malloc", t.host_malloc, HOST_MALLOC_POLICIES)
-    if not t.lr > 0:
-        raise ConfigError(f"training.lr={t.lr} must be > 0")
-    if not 0.0 <= t.min_lr_ratio <= 1.0:
-        raise ConfigError(f"training.min_lr_ratio={t.min_lr_ratio} must be in [0, 1]")
-    if t.weight_decay < 0 or t.max_grad_norm < 0:
-        raise ConfigError("training.weight_decay and training.max_grad_norm must be >= 0")
-    if len(t.betas) != 2 or not all(0.0 <= b < 1.0 for b in t.betas):
-        raise ConfigError(f"training.betas={list(t.betas)} must be two numbers in [0, 1)")
+    if t.lr * t.weight_decay >= 1.0:
+        # AdamW's decoupled decay multiplies every weight by (1 - lr * weight_decay) per step.
+        raise ConfigError(
+            f"training.weight_decay={t.weight_decay} with training.lr={t.lr} shrinks every weight "
+            f"by lr*weight_decay={t.lr * t.weight_decay:g} per step; allowed: lr*weight_decay < 1"
+        )
+    betas = list(t.betas)
+    if len(betas) != 2 or not all(_is_number(b) and 0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"training.betas={betas} must be two numbers in [0, 1)")
 
 
 def _validate_faults(f: DictConfig) -> None:
     _one_of("faults.oom_phase", f.oom_phase, FAULT_PHASES)
-    if f.oom_above_micro_batch is not None:
-        _non_negative("faults.oom_above_micro_batch", f.oom_above_micro_batch)
-    _non_negative("faults.oom_from_step", f.oom_from_step)
-    if f.oom_rank is not None:
-        _non_negative("faults.oom_rank", f.oom_rank)

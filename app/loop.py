@@ -23,10 +23,18 @@ from omegaconf import DictConfig
 from app import checkpoint as ckpt
 from app.batch.faults import FaultInjector
 from app.batch.plan import BatchPlan, rank_slice
-from app.distributed import DistInfo, all_reduce_sum, global_sum, no_sync, unwrap_ddp
+from app.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    any_rank,
+    global_sum,
+    no_sync,
+    unwrap_ddp,
+)
 from app.hardware.precision import PrecisionPlan
 from app.objective import NullReporter, Reporter
-from app.outcomes import Diverged, Pruned, TrainingOOM
+from app.outcomes import Diverged, Preempted, Pruned, TrainingOOM
+from app.preemption import StopRequest
 from app.telemetry import RunLogger, cuda_memory_metrics, mfu, peak_memory_bytes
 
 log = logging.getLogger(__name__)
@@ -58,6 +66,8 @@ class Run:
     peak_tflops: float | None = None
     num_params: int = 0
     on_plan_change: Any = None  # callback(plan) when OOM recovery shrinks the micro-batch
+    stop: StopRequest = field(default_factory=StopRequest)  # set by SIGTERM/SIGINT
+    config_snapshot: dict[str, Any] = field(default_factory=dict)  # saved with checkpoints
     history: list[dict[str, Any]] = field(default_factory=list)  # what was logged, for tests
 
 
@@ -242,6 +252,7 @@ def save(run: Run, step: int) -> None:
         "step": step,  # optimizer steps done; the data position follows from it
         "rng": ckpt.rng_state(),
         "plan": run.plan.as_dict(),
+        "config": run.config_snapshot,  # what shaped the model: a resume is checked against it
     }
     ckpt.save_checkpoint(run.run_dir / "checkpoints", step, state, run.cfg.keep_checkpoints)
 
@@ -336,10 +347,12 @@ def _elapsed(start: Any, end: Any) -> float:
     return start.elapsed_time(end) / 1000.0  # CUDA events: milliseconds
 
 
-def train(run: Run) -> dict[str, Any]:
-    """Run to max_steps; return the summary. Raises Pruned, Diverged or TrainingOOM."""
+def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run to max_steps; return the summary (`summary`, filled as the run goes, so it holds the
+    progress when the run ends early). Raises Pruned, Diverged, TrainingOOM or Preempted."""
     cfg = run.cfg
-    summary: dict[str, Any] = {"initial_val_loss": None, "final_val_loss": None}
+    summary = {} if summary is None else summary
+    summary.update(initial_val_loss=None, final_val_loss=None, steps=run.start_step)
     tokens_per_step = run.plan.effective_batch_size * (run.val_blocks.shape[1] - 1)
     if run.start_step == 0 and cfg.eval_at_start:
         summary["initial_val_loss"] = _eval_and_report(run, 0, summary)
@@ -347,29 +360,54 @@ def train(run: Run) -> dict[str, Any]:
     window = {"loss": torch.zeros((), device=run.device), "tokens": 0, "steps": 0}
     bar = _progress(run)
     grad_norm = torch.zeros(())
-    for step in range(run.start_step, cfg.max_steps):
-        blocks = next(run.steps)
-        loss, tokens, grad_norm = step_with_recovery(run, blocks, step)
-        meter.mark_step()  # a CUDA event (no sync) or a clock reading, read at the log point
-        window["loss"] += loss
-        window["tokens"] += tokens
-        window["steps"] += 1
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.max_steps:
-            _log_window(run, done, window, meter, grad_norm, tokens_per_step, summary, bar)
-        if done % cfg.eval_every == 0 or done == cfg.max_steps:
-            with meter.pause():
-                _eval_and_report(run, done, summary)
-        if done == cfg.max_steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
-            with meter.pause():
-                save(run, done)
+    try:
+        for step in range(run.start_step, cfg.max_steps):
+            blocks = next(run.steps)
+            loss, tokens, grad_norm = step_with_recovery(run, blocks, step)
+            meter.mark_step()  # a CUDA event (no sync) or a clock reading, read at the log point
+            window["loss"] += loss
+            window["tokens"] += tokens
+            window["steps"] += 1
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.max_steps:
+                _log_window(run, done, window, meter, grad_norm, tokens_per_step, summary, bar)
+            if done % cfg.eval_every == 0 or done == cfg.max_steps:
+                with meter.pause():
+                    _eval_and_report(run, done, summary)
+            saved = done == cfg.max_steps or bool(
+                cfg.checkpoint_every and done % cfg.checkpoint_every == 0
+            )
+            if saved:
+                with meter.pause():
+                    save(run, done)
+            summary["steps"] = done
+            summary["tokens_per_sec"] = meter.steady_tokens_per_sec()
+            if bar is not None:
+                bar.update(1)
+            if done < cfg.max_steps and stop_requested(run):
+                stop_here(run, done, saved)
+    finally:
         if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    summary["steps"] = cfg.max_steps
-    summary["tokens_per_sec"] = meter.steady_tokens_per_sec()
+            bar.close()
     return summary
+
+
+def stop_requested(run: Run) -> bool:
+    """A signal asked this run to stop. Under DDP every rank must stop after the same step,
+    so the ranks agree on it: one small all-reduce per step, and only under torchrun."""
+    return any_rank(run.stop.requested, run.dist, run.device)
+
+
+def stop_here(run: Run, done: int, saved: bool) -> None:
+    if not saved:
+        save(run, done)
+    signal = run.stop.name if run.stop.requested else "a stop on another rank"
+    raise Preempted(
+        f"{signal}: stopped after step {done} of {run.cfg.max_steps} with a checkpoint; "
+        "training.resume=auto (same run dir) or training.resume=<run dir> continues exactly",
+        signum=run.stop.signum or 15,
+        step=done,
+    )
 
 
 def _log_window(run, done, window, meter, grad_norm, tokens_per_step, summary, bar) -> None:

@@ -9,6 +9,7 @@ import torch
 from omegaconf import DictConfig
 
 from app.config import ConfigError
+from app.model_size import llama_ffn
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def _from_config(cfg: DictConfig, vocab: int) -> torch.nn.Module:
     config = LlamaConfig(
         vocab_size=vocab,
         hidden_size=cfg.n_embd,
-        intermediate_size=cfg.intermediate_size or _llama_ffn(cfg.n_embd),
+        intermediate_size=cfg.intermediate_size or llama_ffn(cfg.n_embd),
         num_hidden_layers=cfg.n_layer,
         num_attention_heads=cfg.n_head,
         num_key_value_heads=cfg.n_kv_head or cfg.n_head,
@@ -95,11 +96,6 @@ def _from_config(cfg: DictConfig, vocab: int) -> torch.nn.Module:
         attn_implementation=cfg.attn_implementation,
     )
     return LlamaForCausalLM(config)
-
-
-def _llama_ffn(hidden: int) -> int:
-    # Llama's SwiGLU width: 2/3 of 4h, rounded up to a multiple of 256 for tensor-core shapes.
-    return 256 * ((int(8 * hidden / 3) + 255) // 256)
 
 
 def _load_pretrained(cfg: DictConfig) -> torch.nn.Module:

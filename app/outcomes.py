@@ -33,3 +33,14 @@ class Preempted(RunOutcome):
     retried) and the worker stops cleanly."""
 
     status = "preempted"
+
+    def __init__(self, message: str, signum: int = 0, step: int = 0) -> None:
+        super().__init__(message)
+        self.signum = signum  # the exit status is 128 + signum, as for a process it killed
+        self.step = step  # optimizer steps done and saved
+
+
+class WriteFailed(RunOutcome):
+    """A checkpoint could not be written (disk full, I/O error); the earlier ones are intact."""
+
+    status = "failed"

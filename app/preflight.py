@@ -1,17 +1,21 @@
-"""Check the command line before Hydra runs: bad input ends in one line, not a wall of text.
+"""Check the command line before Hydra runs: bad input ends in one line, and touches nothing.
 
-Hydra's own messages for an unknown option or key span several lines; here the same composition
-is done first and any error is reduced to one line that names the setting and what is allowed,
-then `validate()` checks values across keys. Nothing has been created or loaded at this point.
+Hydra's own messages for an unknown option or key span several lines, and by the time the task
+function runs Hydra has already written `.hydra/` (and a log file) into the run directory. So the
+same composition is done here first, any error is reduced to one line that names the setting and
+what is allowed, and the checks of the machine and the files (app/checks.py) run too: a refused
+run leaves an existing run directory byte for byte as it was.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from app.checks import AlreadyComplete
 from app.config import ConfigError, register_configs, validate
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -28,48 +32,103 @@ _SKIP_FLAGS = {
     "-sc",
     "--experimental-rerun",
 }
+# Flags that print the config instead of running the job: validate, but check nothing on disk.
+_PRINT_FLAGS = {"--cfg", "-c", "--package", "-p", "--resolve"}
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-dir", "-cd"}
 
 
-def split_argv(argv: list[str]) -> tuple[str, list[str]] | None:
-    """(config name, overrides) from the command line, or None when preflight should not run."""
-    name, overrides, i = "train", [], 0
+@dataclass
+class Invocation:
+    """What the command line asks of Hydra, as far as preflight cares."""
+
+    config_name: str = "train"
+    overrides: list[str] = field(default_factory=list)  # the job's own
+    hydra_overrides: list[str] = field(default_factory=list)  # hydra.run.dir=..., and the like
+    runs_job: bool = True  # False for --cfg and friends: nothing is written
+    config_dirs: list[str] = field(default_factory=list)  # --config-dir: extra search path
+
+
+def split_argv(argv: list[str]) -> Invocation | None:
+    """The invocation, or None when preflight should step aside."""
+    inv, i = Invocation(), 0
     while i < len(argv):
         arg = argv[i]
-        if arg in _SKIP_FLAGS or arg.split("=", 1)[0] in _SKIP_FLAGS:
+        flag = arg.split("=", 1)[0]
+        if arg in _SKIP_FLAGS or flag in _SKIP_FLAGS:
             return None
+        if flag in _PRINT_FLAGS:
+            inv.runs_job = False
         if arg in ("--config-name", "-cn"):
-            name, i = argv[i + 1], i + 2
+            inv.config_name, i = argv[i + 1], i + 2
             continue
+        if arg in ("--config-dir", "-cd"):
+            inv.config_dirs.append(str(Path(argv[i + 1]).absolute()))
         if arg in _VALUE_FLAGS:
             i += 2
             continue
-        if not arg.startswith("-") and not arg.lstrip("+~").startswith(("hydra.", "hydra/")):
-            overrides.append(arg)
+        if not arg.startswith("-"):
+            is_hydra = arg.lstrip("+~").startswith(("hydra.", "hydra/"))
+            (inv.hydra_overrides if is_hydra else inv.overrides).append(arg)
         i += 1
-    return name, overrides
+    return inv
 
 
-def compose(name: str, overrides: list[str]) -> DictConfig:
+def compose(name: str, overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return hydra_compose(config_name=name, overrides=overrides)
+        return hydra_compose(
+            config_name=name, overrides=overrides, return_hydra_config=return_hydra_config
+        )
 
 
 def preflight(argv: list[str]) -> None:
-    split = split_argv(argv)
-    if split is None:
+    inv = split_argv(argv)
+    if inv is None:
         return
     try:
-        cfg = compose(*split)
+        cfg, run_dir = _compose_job(inv)
         validate(cfg)
+        if inv.runs_job and run_dir is not None:
+            _check_machine(cfg, run_dir)
+    except AlreadyComplete as done:
+        print(f"done       {done}", flush=True)
+        sys.exit(0)
     except ConfigError as exc:
         _fail(str(exc))
     except Exception as exc:  # Hydra/OmegaConf composition errors
-        _fail(one_line(exc, split[0]))
+        _fail(one_line(exc, inv.config_name))
+
+
+def _compose_job(inv: Invocation) -> tuple[DictConfig, Path | None]:
+    """The job's config (without the hydra node) and the run directory Hydra will use."""
+    searchpath = [f"hydra.searchpath=[{','.join('file://' + d for d in inv.config_dirs)}]"]
+    extra = searchpath if inv.config_dirs else []
+    cfg = compose(
+        inv.config_name, inv.overrides + inv.hydra_overrides + extra, return_hydra_config=True
+    )
+    try:
+        run_dir: Path | None = Path(str(cfg.hydra.run.dir))
+    except Exception:  # a run dir that only resolves inside Hydra's job: checked by the run
+        run_dir = None
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, run_dir
+
+
+def _check_machine(cfg: DictConfig, run_dir: Path) -> None:
+    from app.checks import check_start
+    from app.hardware.memory import (
+        cuda_device_count_without_context,
+        cuda_total_memory_without_context,
+    )
+
+    wants = cfg.gpu.device_type
+    on_cuda = wants == "cuda" or (wants == "auto" and cuda_device_count_without_context() > 0)
+    total = cuda_total_memory_without_context() if on_cuda else None
+    check_start(cfg, run_dir, "cuda" if on_cuda else "cpu", total)
 
 
 def _fail(message: str) -> None:

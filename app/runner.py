@@ -4,20 +4,22 @@ plan, loop, summary. Called by the Hydra entrypoint with the composed config and
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from app import checkpoint as ckpt
 from app.batch.faults import FaultInjector
 from app.batch.plan import BatchPlan, fixed_plan
 from app.batch.probe import describe as describe_choice
 from app.batch.probe import plan_scalars
-from app.config import validate
+from app.checks import AlreadyComplete, check_start
+from app.config import ConfigError, validate
 from app.data.loader import StepDataset, make_step_loader, resolve_num_workers
 from app.data.tokens import load_token_data
 from app.distributed import DistInfo, init_distributed, shared_run_dir, shutdown, wrap_ddp
@@ -29,6 +31,7 @@ from app.model import build_model, maybe_compile, model_shape
 from app.objective import build_reporter
 from app.optim import build_optimizer, build_scheduler
 from app.outcomes import RunOutcome
+from app.preemption import StopRequest, stop_on_signals
 from app.telemetry import RunLogger, flops_per_token, mfu, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,8 @@ log = logging.getLogger(__name__)
 
 def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     """Train as configured; write summary.json; return the summary. Raises RunOutcome on
-    pruning, divergence or an unrecoverable OOM (after writing the summary)."""
+    pruning, divergence, an unrecoverable OOM or preemption (after writing the summary), and
+    ConfigError for a setting it cannot honour (before writing anything)."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
     validate(cfg)
@@ -44,9 +48,12 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     device = detect_device(cfg.gpu)
     dist = init_distributed(device.type)
     run_dir = shared_run_dir(run_dir, dist)
+    try:
+        resume_from = check_start(cfg, run_dir, device.type, device.total_memory_bytes)
+    except AlreadyComplete as done:
+        return already_complete(done, run_dir, cfg, dist)
     preset = effective_preset(cfg.gpu, device)
     precision = resolve_precision(cfg.precision.name, device, preset)
-    resume_from = ckpt.find_resume_checkpoint(cfg.training.resume, run_dir)
     state = ckpt.load_checkpoint(resume_from) if resume_from else None  # fail before work
     apply_precision_flags(precision)
     if device.type == "cuda":
@@ -57,13 +64,18 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     reporter = build_reporter(cfg)
     summary: dict[str, Any] = {"status": "running", "run_dir": str(run_dir)}
     run = None
+    stop = StopRequest()
     try:
-        run = build_run(cfg, run_dir, device, preset, precision, dist, state)
-        run.reporter = reporter
-        summary.update(describe_run(run, device, precision, cfg))
-        print_banner(summary, device, precision, run, dist)
-        summary.update(train(run))
+        with stop_on_signals(stop):
+            run = build_run(cfg, run_dir, device, preset, precision, dist, state)
+            run.reporter, run.stop = reporter, stop
+            summary.update(describe_run(run, device, precision, cfg))
+            print_banner(summary, device, precision, run, dist)
+            train(run, summary)
         summary["status"] = "completed"
+    except ConfigError:
+        summary["status"] = "not_started"  # a setting: nothing ran, nothing is written
+        raise
     except RunOutcome as exc:
         summary.update(status=exc.status, error=str(exc))
         raise
@@ -73,6 +85,18 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     finally:
         finish(run, summary, started, dist, reporter)
     return summary
+
+
+def already_complete(done: AlreadyComplete, run_dir: Path, cfg: DictConfig, dist) -> dict:
+    """Resuming a finished run: say so, write nothing, return what the run left."""
+    if dist.is_main:
+        print(f"done       {done}", flush=True)
+    shutdown(dist)
+    found = ckpt.find_resume_checkpoint(cfg.training.resume, run_dir)
+    saved = found.parent.parent / "summary.json" if found else None
+    if saved is not None and saved.is_file():
+        return json.loads(saved.read_text())
+    return {"status": "completed", "run_dir": str(run_dir)}
 
 
 def build_run(
@@ -112,14 +136,33 @@ def build_run(
         peak_tflops=device.peak_tflops.get(precision.name),
         num_params=shape.num_params,
         on_plan_change=plan_listener(cfg, model, device, preset, precision, dist),
+        config_snapshot=model_identity(cfg),
     )
     if state is not None:
-        restore(run, state)
+        try:
+            restore(run, state)
+        except (RuntimeError, KeyError, ValueError) as exc:  # another model's checkpoint
+            raise ConfigError(
+                f"training.resume: the checkpoint does not fit this model ({_first_line(exc)}); "
+                "resume with the model it was trained with"
+            ) from None
     run.steps = iter(step_loader(cfg, data.train, plan, run.start_step, preset, device, dist))
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         run.logger = RunLogger(run_dir, nvml_index=device.index if device.type == "cuda" else None)
     return run
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return " ".join(lines[:2])[:300] if lines else type(exc).__name__
+
+
+def model_identity(cfg: DictConfig) -> dict[str, Any]:
+    """The settings that shape the model, saved in each checkpoint (app/checks.py SHAPE_KEYS)."""
+    return OmegaConf.to_container(
+        OmegaConf.masked_copy(cfg, ["model", "data"]), resolve=True, throw_on_missing=False
+    )
 
 
 def choose_plan(cfg, model, data, device, preset, precision, dist) -> BatchPlan:
@@ -221,7 +264,18 @@ def closing_line(summary: dict[str, Any]) -> str:
     )
 
 
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "summary.json", summary)
+    except OSError as exc:  # a full disk must not hide how the run ended
+        log.error("could not write %s/summary.json: %s", run_dir, exc)
+
+
 def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
+    if summary["status"] == "not_started":
+        shutdown(dist)
+        return
     if run is not None:
         summary.update(batch_fields(run.plan))
         summary["peak_memory_bytes"] = peak_memory(run)
@@ -237,9 +291,8 @@ def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
             run.logger.close()
     summary["wall_time_s"] = time.perf_counter() - started
     if dist.is_main and summary.get("run_dir"):
-        Path(summary["run_dir"]).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(Path(summary["run_dir"]) / "summary.json", summary)
-        if run is not None:  # a setting that failed before the run has its own error line
+        write_summary(Path(summary["run_dir"]), summary)
+        if run is not None:
             print(closing_line(summary), flush=True)
     reporter.set_attrs(
         {

@@ -6,6 +6,7 @@ and temperature never sits on the training hot path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -129,7 +130,12 @@ class RunLogger:
             values.update(self.nvml.latest)
         for key, value in values.items():
             self._tb.add_scalar(key, value, step)
-        self._jsonl.write(json.dumps({"step": step, **values}) + "\n")
+        if self._jsonl is not None:
+            try:
+                self._jsonl.write(json.dumps({"step": step, **values}) + "\n")
+            except OSError as exc:  # a full disk: keep training, stop this log
+                log.error("metrics.jsonl is no longer written: %s", exc)
+                self._jsonl = None
 
     def text(self, tag: str, text: str) -> None:
         if self._tb is not None:
@@ -141,4 +147,5 @@ class RunLogger:
         if self._tb is not None:
             self._tb.close()
         if self._jsonl is not None:
-            self._jsonl.close()
+            with contextlib.suppress(OSError):
+                self._jsonl.close()

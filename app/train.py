@@ -13,6 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 from app.config import ConfigError, register_configs
+from app.outcomes import RunOutcome
 from app.preflight import preflight
 
 register_configs()
@@ -29,12 +30,23 @@ def main(cfg: DictConfig) -> float | list[float]:
     hc = HydraConfig.get()
     try:
         summary = run_training(cfg, run_dir=hc.runtime.output_dir)
-    except ConfigError as exc:
+    except (ConfigError, RunOutcome) as exc:
         if hc.mode == RunMode.MULTIRUN:
-            raise  # the sweeper records the trial as failed with this message
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+            raise  # the sweeper maps it to the trial's state, with this message
+        end_with_one_line(exc)
     return objective_value(summary, cfg.objective)
+
+
+def end_with_one_line(exc: Exception) -> None:
+    """A single run that cannot go on ends with one line and a status that says why:
+    2 a setting, 128 + signal number a preemption (the checkpoint is saved), 1 otherwise."""
+    from app.outcomes import Preempted
+
+    if isinstance(exc, Preempted):
+        print(f"stopped: {exc}", file=sys.stderr, flush=True)
+        sys.exit(128 + exc.signum)
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    sys.exit(2 if isinstance(exc, ConfigError) else 1)
 
 
 def cli() -> None:

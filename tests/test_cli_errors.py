@@ -61,7 +61,15 @@ def test_wrong_type_names_the_key():
 
 
 def test_split_argv_skips_hydra_flags_and_multirun():
-    assert split_argv(["--cfg", "job", "gpu=cpu", "hydra.run.dir=x"]) == ("train", ["gpu=cpu"])
+    inv = split_argv(["--cfg", "job", "gpu=cpu", "hydra.run.dir=x"])
+    assert (inv.config_name, inv.overrides, inv.hydra_overrides) == (
+        "train",
+        ["gpu=cpu"],
+        ["hydra.run.dir=x"],
+    )
+    assert not inv.runs_job  # --cfg prints the config: nothing is checked on disk
+    assert split_argv(["gpu=cpu"]).runs_job
+    assert split_argv(["-cd", "extra", "experiment=mine"]).config_dirs[0].endswith("extra")
     assert split_argv(["-m", "hpo=optuna"]) is None
     assert split_argv(["--help"]) is None
 

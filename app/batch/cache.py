@@ -23,7 +23,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from app.atomic import atomic_write_text
-from app.hardware.devices import DeviceInfo, host_memory_bytes
+from app.hardware.devices import DeviceInfo
+from app.hardware.memory import host_memory_bytes
 from app.hardware.precision import PrecisionPlan
 
 log = logging.getLogger(__name__)

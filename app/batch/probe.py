@@ -58,7 +58,8 @@ from app.batch.cache import (
 from app.batch.faults import FaultInjector
 from app.batch.plan import BatchPlan, fixed_plan
 from app.distributed import DistInfo
-from app.hardware.devices import DeviceInfo, host_memory_bytes
+from app.hardware.devices import DeviceInfo
+from app.hardware.memory import host_memory_bytes
 from app.hardware.precision import PrecisionPlan
 from app.loop import Run, inputs_and_targets, loss_sum, release_after_oom, train_step
 from app.model import maybe_compile

@@ -146,10 +146,6 @@ def effective_preset(gpu: DictConfig, device: DeviceInfo) -> DictConfig:
     return generic
 
 
-def host_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -1,0 +1,205 @@
+"""Checks of the machine and the files a run will use, done before anything is written.
+
+`app.config.validate` judges a config on its own; these look outside it: the run directory can be
+written, the data files are text, the model and one step's batch fit the memory there is, and a
+checkpoint to resume belongs to this model. Each failure is a `ConfigError` naming the setting.
+`app.preflight` runs them before Hydra creates the run directory, so a refused run leaves an
+existing directory exactly as it was; the runner runs them again for sweep trials.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from app.hardware.memory import host_memory_bytes
+from app.model_size import estimate_parameters
+from app.validation import ConfigError
+
+GIB = 2**30
+SNIFF_BYTES = 64 * 1024
+# One optimizer step's token ids live on the host (and a few more in the loader's prefetch).
+STEP_BATCH_HOST_FRACTION = 0.1
+# fp32 weights + gradients + AdamW's two moments.
+TRAIN_STATE_BYTES_PER_PARAM = 16
+# What a checkpoint must agree on with the run that resumes it.
+SHAPE_KEYS = (
+    "model.arch",
+    "model.path",
+    "model.vocab_size",
+    "model.n_layer",
+    "model.n_head",
+    "model.n_kv_head",
+    "model.n_embd",
+    "model.intermediate_size",
+    "model.max_position_embeddings",
+    "data.tokenizer",
+    "data.tokenizer_vocab_size",
+)
+
+
+def check_run_dir(run_dir: Path, setting: str = "hydra.run.dir") -> None:
+    """The run directory (or the closest parent that exists) must be writable."""
+    probe = run_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ConfigError(f"{setting}={run_dir}: {probe} is a file, not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        why = "read-only file system" if _read_only_mount(probe) else "permission denied"
+        raise ConfigError(
+            f"{setting}={run_dir}: cannot write in {probe} ({why}); choose a writable directory"
+        )
+
+
+def _read_only_mount(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def check_text_file(path: str | Path) -> None:
+    """A data file must be UTF-8 text: a binary file would train the model on garbage."""
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+    nul = head.find(b"\0")
+    if nul >= 0:
+        raise ConfigError(
+            f"data.paths: {path} is not text (a NUL byte at offset {nul}); give UTF-8 text files"
+        )
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # not just a character cut at the end of the sample
+            raise ConfigError(
+                f"data.paths: {path} is not UTF-8 text (byte 0x{head[exc.start]:02x} at offset "
+                f"{exc.start}); convert it to UTF-8"
+            ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory
+
+
+def check_step_batch(cfg: DictConfig, host_bytes: int) -> None:
+    """One optimizer step's token ids must fit comfortably in host memory."""
+    step_bytes = cfg.training.effective_batch_size * (cfg.data.seq_len + 1) * 8
+    allowed = STEP_BATCH_HOST_FRACTION * host_bytes
+    if step_bytes > allowed:
+        raise ConfigError(
+            f"training.effective_batch_size={cfg.training.effective_batch_size}: one optimizer "
+            f"step holds {step_bytes / GIB:,.1f} GiB of token ids (x {cfg.data.seq_len + 1} "
+            f"tokens x 8 bytes), more than {allowed / GIB:.1f} GiB (a tenth of this machine's "
+            f"{host_bytes / GIB:.1f} GiB); lower it or data.seq_len"
+        )
+
+
+def check_model_fits(cfg: DictConfig, memory_bytes: int, where: str) -> None:
+    """Weights, gradients and AdamW state must fit before a single activation does."""
+    vocab = cfg.model.vocab_size or 256  # the smallest tokenizer: errs on the side of running
+    params = estimate_parameters(cfg.model, vocab)
+    if params is None:
+        return
+    need = params * TRAIN_STATE_BYTES_PER_PARAM
+    if need > memory_bytes:
+        m = cfg.model
+        raise ConfigError(
+            f"model.n_layer={m.n_layer}, model.n_embd={m.n_embd}: about {params / 1e9:,.2f}B "
+            f"parameters need {need / GIB:,.1f} GiB for fp32 weights, gradients and AdamW "
+            f"state, more than the {memory_bytes / GIB:.1f} GiB usable on {where}; use a "
+            "smaller model"
+        )
+
+
+def training_memory(cfg: DictConfig, device_type: str, total_bytes: int | None) -> int | None:
+    """What a run may use for its model state on this device (None: unknown, not checked)."""
+    if device_type == "cpu":
+        return int(host_memory_bytes() * cfg.training.auto_batch.cpu_memory_fraction)
+    if total_bytes is None:
+        return None
+    return int(total_bytes * (1.0 - cfg.gpu.memory_headroom))
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume
+
+
+def check_resume_matches(cfg: DictConfig, checkpoint: Path, saved: dict[str, Any] | None) -> None:
+    """The settings that shape the model must be those the checkpoint was trained with."""
+    if saved is None:
+        return
+    for key in SHAPE_KEYS:
+        old = _select(saved, key)
+        new = OmegaConf.select(cfg, key, default=None)
+        if old != new:
+            raise ConfigError(
+                f"training.resume={checkpoint}: the checkpoint was trained with {key}={old}, this "
+                f"run has {key}={new}; resume with the same model or start a new run"
+            )
+
+
+def _select(tree: dict[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def saved_run_config(checkpoint: Path, state: dict[str, Any]) -> dict[str, Any] | None:
+    """The config the checkpoint was trained with: stored in it, else its run's .hydra/."""
+    if isinstance(state.get("config"), dict):
+        return state["config"]
+    hydra_cfg = checkpoint.parent.parent / ".hydra" / "config.yaml"
+    if hydra_cfg.is_file():
+        try:
+            return OmegaConf.to_container(OmegaConf.load(hydra_cfg), resolve=False)
+        except Exception:
+            return None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# All of them
+
+
+class AlreadyComplete(Exception):
+    """`training.resume` points at a run that reached training.max_steps: nothing to do."""
+
+
+def check_start(cfg: DictConfig, run_dir: Path, device_type: str, device_total: int | None):
+    """Every check of the machine and the files; returns the checkpoint to resume, if any.
+
+    Raises ConfigError, or AlreadyComplete when the checkpoint is at max_steps already.
+    """
+    check_run_dir(run_dir)
+    if cfg.data.source == "text_files":
+        from app.data.tokens import expand_paths
+
+        for path in expand_paths(list(cfg.data.paths)):
+            check_text_file(path)
+    check_step_batch(cfg, host_memory_bytes())
+    usable = training_memory(cfg, device_type, device_total)
+    if usable is not None:
+        check_model_fits(cfg, usable, device_type)
+    if cfg.training.resume is None:
+        return None
+    from app import checkpoint as ckpt  # torch: only when there is a checkpoint to look at
+
+    found = ckpt.find_resume_checkpoint(cfg.training.resume, run_dir)
+    if found is None:
+        return None
+    state = ckpt.load_checkpoint(found, mmap=True)
+    check_resume_matches(cfg, found, saved_run_config(found, state))
+    if int(state["step"]) >= cfg.training.max_steps:
+        raise AlreadyComplete(
+            f"{found} is at step {int(state['step'])} of training.max_steps="
+            f"{cfg.training.max_steps}: the run is complete, nothing to do (raise "
+            "training.max_steps to train further)"
+        )
+    return found

@@ -1,0 +1,72 @@
+"""Graceful preemption: SIGTERM or SIGINT ends a run after its current optimizer step.
+
+SLURM, Kubernetes and spot instances send SIGTERM some seconds before they kill a job; Ctrl-C
+sends SIGINT. The first one only sets a flag: the loop finishes the optimizer step it is in,
+writes a checkpoint and the summary (status `preempted`) and stops, so `training.resume=auto`
+continues exactly. A second signal ends the process at once, by the signal's default action.
+The exit status of a preempted run is 128 + the signal number (143 for SIGTERM, 130 for SIGINT),
+what a shell reports for a process the signal ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass
+class StopRequest:
+    """Set by a signal handler; read by the loop after each optimizer step."""
+
+    signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "none"
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + (self.signum or 0)
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: StopRequest) -> Iterator[StopRequest]:
+    """Route SIGTERM/SIGINT into `stop` for the duration of the block, then restore the
+    previous handlers (a sweeper's, say). Signals can only be handled in the main thread;
+    elsewhere the block runs without this protection."""
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handle(signum: int, _frame) -> None:
+        if stop.requested:  # the second signal: stop now, as if no one had caught it
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        stop.signum = signum
+        log.warning(
+            "%s received: finishing this optimizer step, then a checkpoint and the summary "
+            "(send it again to stop at once)",
+            signal.Signals(signum).name,
+        )
+
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    for sig in SIGNALS:
+        signal.signal(sig, handle)
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
