@@ -62,6 +62,41 @@ def _read_only_mount(path: Path) -> bool:
         return False
 
 
+def looks_local(name: str) -> bool:
+    """A path rather than a hub name ("gpt2", "org/model"): absolute, ~ or ./ ../."""
+    return name.startswith(("/", "~", "./", "../")) or name in (".", "..")
+
+
+def check_local_paths(cfg: DictConfig) -> None:
+    """A model or tokenizer named by a local path must be there (a hub name is checked when
+    it loads: whether it can be fetched depends on the network)."""
+    named = [("data.tokenizer", cfg.data.tokenizer)]
+    if cfg.model.arch == "pretrained":
+        named.insert(0, ("model.path", cfg.model.path))
+    for key, value in named:
+        if value and looks_local(str(value)) and not Path(str(value)).expanduser().exists():
+            raise ConfigError(f"{key}={value}: no such file or directory")
+
+
+def check_vocab(cfg: DictConfig) -> None:
+    if cfg.data.tokenizer == "byte" and cfg.model.arch != "pretrained":
+        vocab = cfg.model.vocab_size
+        if vocab is not None and vocab < 256:
+            raise ConfigError(
+                f"model.vocab_size={vocab} is smaller than the byte tokenizer's 256 symbols; "
+                "use model.vocab_size>=256 or null"
+            )
+
+
+def check_precision(cfg: DictConfig, device_type: str) -> None:
+    """What a CPU cannot do; a card's abilities are checked once it is detected."""
+    if device_type == "cpu" and cfg.precision.name in ("fp16", "tf32"):
+        raise ConfigError(
+            f"precision={cfg.precision.name} needs a CUDA device; on CPU use precision=fp32, "
+            "bf16 or auto"
+        )
+
+
 def check_text_file(path: str | Path) -> None:
     """A data file must be UTF-8 text: a binary file would train the model on garbage."""
     with open(path, "rb") as f:
@@ -178,6 +213,9 @@ def check_start(cfg: DictConfig, run_dir: Path, device_type: str, device_total: 
     Raises ConfigError, or AlreadyComplete when the checkpoint is at max_steps already.
     """
     check_run_dir(run_dir)
+    check_precision(cfg, device_type)
+    check_local_paths(cfg)
+    check_vocab(cfg)
     if cfg.data.source == "text_files":
         from app.data.tokens import expand_paths
 

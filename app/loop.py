@@ -374,14 +374,14 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
             if done % cfg.eval_every == 0 or done == cfg.max_steps:
                 with meter.pause():
                     _eval_and_report(run, done, summary)
+            summary["steps"] = done
+            summary["tokens_per_sec"] = meter.steady_tokens_per_sec()
             saved = done == cfg.max_steps or bool(
                 cfg.checkpoint_every and done % cfg.checkpoint_every == 0
             )
             if saved:
                 with meter.pause():
                     save(run, done)
-            summary["steps"] = done
-            summary["tokens_per_sec"] = meter.steady_tokens_per_sec()
             if bar is not None:
                 bar.update(1)
             if done < cfg.max_steps and stop_requested(run):

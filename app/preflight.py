@@ -19,10 +19,8 @@ from app.checks import AlreadyComplete
 from app.config import ConfigError, register_configs, validate
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-# Flags after which preflight steps aside: Hydra answers them itself, or the sweeper validates.
+# Flags after which preflight steps aside: Hydra answers them itself.
 _SKIP_FLAGS = {
-    "-m",
-    "--multirun",
     "-h",
     "--help",
     "--hydra-help",
@@ -34,6 +32,7 @@ _SKIP_FLAGS = {
 }
 # Flags that print the config instead of running the job: validate, but check nothing on disk.
 _PRINT_FLAGS = {"--cfg", "-c", "--package", "-p", "--resolve"}
+_MULTIRUN_FLAGS = {"-m", "--multirun"}
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-dir", "-cd"}
 
 
@@ -46,6 +45,7 @@ class Invocation:
     hydra_overrides: list[str] = field(default_factory=list)  # hydra.run.dir=..., and the like
     runs_job: bool = True  # False for --cfg and friends: nothing is written
     config_dirs: list[str] = field(default_factory=list)  # --config-dir: extra search path
+    multirun: bool = False  # -m: the sweeper samples values and validates each job itself
 
 
 def split_argv(argv: list[str]) -> Invocation | None:
@@ -58,6 +58,8 @@ def split_argv(argv: list[str]) -> Invocation | None:
             return None
         if flag in _PRINT_FLAGS:
             inv.runs_job = False
+        if arg in _MULTIRUN_FLAGS:
+            inv.multirun = True
         if arg in ("--config-name", "-cn"):
             inv.config_name, i = argv[i + 1], i + 2
             continue
@@ -89,6 +91,9 @@ def preflight(argv: list[str]) -> None:
     if inv is None:
         return
     try:
+        if inv.multirun:
+            _compose_sweep(inv)
+            return
         cfg, run_dir = _compose_job(inv)
         validate(cfg)
         if inv.runs_job and run_dir is not None:
@@ -118,6 +123,16 @@ def _compose_job(inv: Invocation) -> tuple[DictConfig, Path | None]:
     return cfg, run_dir
 
 
+def _compose_sweep(inv: Invocation) -> None:
+    """Compose the sweep's base config as Hydra will (sweep expressions left to the sweeper),
+    so a misspelled key or option is one line here rather than Hydra's message."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    fixed = [o for o in inv.overrides if not parser.parse_override(o).is_sweep_override()]
+    compose(inv.config_name, fixed + inv.hydra_overrides, return_hydra_config=True)
+
+
 def _check_machine(cfg: DictConfig, run_dir: Path) -> None:
     from app.checks import check_start
     from app.hardware.memory import (
@@ -127,6 +142,16 @@ def _check_machine(cfg: DictConfig, run_dir: Path) -> None:
 
     wants = cfg.gpu.device_type
     on_cuda = wants == "cuda" or (wants == "auto" and cuda_device_count_without_context() > 0)
+    if on_cuda:
+        import torch  # the run's own test for a device, so both agree
+
+        if not torch.cuda.is_available():
+            if wants == "cuda":
+                raise ConfigError(
+                    f"gpu={cfg.gpu.name} needs a CUDA device but torch sees none "
+                    "(torch.cuda.is_available() is False); use gpu=cpu or gpu=auto"
+                )
+            on_cuda = False
     total = cuda_total_memory_without_context() if on_cuda else None
     check_start(cfg, run_dir, "cuda" if on_cuda else "cpu", total)
 

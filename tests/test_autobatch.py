@@ -279,3 +279,32 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_and_rewritten(tmp_path):
     assert batch_cache.read_entry(path, {"k": 2}) is None  # another shape's key
     entry = batch_cache.read_entry(path, {"k": 1})
     assert entry["trials"][8]["samples_per_sec"] == 1.0 and entry["searched_up_to"] == 8
+
+
+def test_the_measured_peak_memory_caps_the_probe(cache_dir, monkeypatch):
+    """Sizes whose measured peak is above the limit fail like an OOM does, so the probe stops
+    below them. The 'memory' here grows 5 % of the machine per sample: 10 fits under 0.5."""
+    from app.hardware.memory import host_memory_bytes
+
+    current = [0]
+    original = autobatch.Probe._steps
+
+    def remember(self, micro, warmup, timed):
+        current[0] = micro
+        return original(self, micro, warmup, timed)
+
+    monkeypatch.setattr(autobatch.Probe, "_steps", remember)
+    monkeypatch.setattr(
+        autobatch, "host_peak_bytes", lambda: current[0] * host_memory_bytes() // 20
+    )
+    cfg = tiny_cfg(
+        cache_dir,
+        "training.micro_batch_size=auto",
+        "training.auto_batch.cpu_memory_fraction=0.5",
+        "training.auto_batch.throughput_aware=false",
+    )
+    plan = plan_for(cfg)
+    rows = {r["micro"]: r for r in plan.details["candidates"]}
+    assert rows[16]["fits"] is False and rows[16]["oom"] is False  # refused by memory, no OOM
+    assert rows[10]["fits"] and not rows[11]["fits"]
+    assert plan.micro_batch_size == 8  # 10 at most per micro-batch: 32 = 8 + 8 + 8 + 8

@@ -70,7 +70,7 @@ def test_split_argv_skips_hydra_flags_and_multirun():
     assert not inv.runs_job  # --cfg prints the config: nothing is checked on disk
     assert split_argv(["gpu=cpu"]).runs_job
     assert split_argv(["-cd", "extra", "experiment=mine"]).config_dirs[0].endswith("extra")
-    assert split_argv(["-m", "hpo=optuna"]) is None
+    assert split_argv(["-m", "hpo=optuna"]).multirun
     assert split_argv(["--help"]) is None
 
 

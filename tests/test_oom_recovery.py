@@ -227,3 +227,29 @@ def test_an_auto_run_teaches_the_cache_the_size_that_ran_out(cache_dir, tmp_path
     second = run_training(tiny_cfg(cache_dir, *faults), tmp_path / "b")
     assert second["batch_source"] == "cached" and second["micro_batch_size"] == 8
     assert second["oom_count"] == 0
+
+
+def test_a_step_redone_after_an_oom_in_the_optimizer_starts_from_clean_gradients(
+    cache_dir, tmp_path, monkeypatch
+):
+    """An OOM in the optimizer phase comes after the whole step's gradients were accumulated:
+    the redone step must not add its gradients to them. Without clipping (max_grad_norm=0) a
+    doubled gradient shows in the trajectory; AdamW alone would mostly normalize it away."""
+    no_clip = ["training.max_grad_norm=0"]
+    faults = ["faults.oom_phase=optimizer", "faults.oom_above_micro_batch=8"]
+    summary = run_training(
+        tiny_cfg(cache_dir, *no_clip, *faults, "faults.oom_from_step=3"), tmp_path / "oom"
+    )
+    assert summary["oom_count"] == 1 and summary["batch_details"]["oom_at_step"] == 3
+    orig = loop.train_step
+
+    def switch_at_3(run, blocks, step):
+        if step >= 3 and run.plan.micro_batch_size != 8:
+            run.plan = run.plan.with_micro_batch(8, "fixed")
+        return orig(run, blocks, step)
+
+    monkeypatch.setattr(loop, "train_step", switch_at_3)
+    run_training(tiny_cfg(cache_dir, *no_clip), tmp_path / "ref")
+    torch.testing.assert_close(
+        final_params(tmp_path / "oom"), final_params(tmp_path / "ref"), rtol=1e-6, atol=1e-7
+    )

@@ -1,0 +1,256 @@
+"""Bad input, as a hostile user would try it: one `error:` line, status 2, nothing touched.
+
+Every case runs the real entrypoint (`python -m app.train`: preflight, then Hydra) in this process,
+pointed at a copy of a finished run directory (and, for sweeps, at an existing study). The
+directory and the study must be byte for byte as they were: a refused run writes nothing, not
+even Hydra's own `.hydra/` files. The table in docs/bad_inputs.md lists the same cases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+
+from tests.conftest import TINY, run_cli
+
+RESUME = "training.resume=auto"
+# (id, overrides, text the error line must hold). {tmp} is the test's scratch directory.
+CASES = [
+    # training: numbers that are not numbers, or absurd
+    ("lr-inf", ["training.lr=inf"], "training.lr=inf must be a finite number in (0, 1]"),
+    ("lr-huge", ["training.lr=1e9"], "training.lr=1000000000.0 must be"),
+    ("lr-zero", ["training.lr=0"], "training.lr=0"),
+    ("lr-negative", ["training.lr=-0.001"], "training.lr=-0.001"),
+    ("wd-nan", ["training.weight_decay=nan"], "training.weight_decay=nan must be"),
+    ("wd-negative", ["training.weight_decay=-0.1"], "training.weight_decay=-0.1"),
+    ("wd-times-lr", ["training.lr=0.5", "training.weight_decay=10"], "lr*weight_decay=5"),
+    ("eps-nan", ["training.eps=nan"], "training.eps=nan must be"),
+    ("eps-negative", ["training.eps=-1"], "training.eps=-1"),
+    ("clip-nan", ["training.max_grad_norm=nan"], "training.max_grad_norm=nan must be"),
+    ("clip-negative", ["training.max_grad_norm=-1"], "training.max_grad_norm=-1"),
+    ("betas-above-1", ["training.betas=[0.9,1.5]"], "training.betas=[0.9, 1.5]"),
+    ("betas-one", ["training.betas=[0.9]"], "training.betas=[0.9] must be two numbers"),
+    ("min-lr-ratio", ["training.min_lr_ratio=2"], "training.min_lr_ratio=2"),
+    ("warmup-negative", ["training.warmup_steps=-5"], "training.warmup_steps=-5"),
+    ("max-steps-zero", ["training.max_steps=0"], "training.max_steps=0"),
+    ("batch-zero", ["training.effective_batch_size=0"], "training.effective_batch_size=0"),
+    ("batch-absurd", ["training.effective_batch_size=1000000000"], "GiB of token ids"),
+    ("micro-above", ["training.micro_batch_size=64"], "larger than training.effective_batch"),
+    ("micro-word", ["training.micro_batch_size=big"], "must be auto or a positive integer"),
+    ("eval-every-zero", ["training.eval_every=0"], "training.eval_every=0"),
+    ("keep-zero", ["training.keep_checkpoints=0"], "training.keep_checkpoints=0"),
+    ("schedule", ["training.schedule=exponential"], "training.schedule='exponential'"),
+    ("malloc", ["training.host_malloc=jemalloc"], "training.host_malloc='jemalloc'"),
+    ("plus-unknown", ["+training.some_unknown_key=1"], "training.some_unknown_key: no such"),
+    ("plus-unknown-root", ["+learning_rate=1"], "learning_rate: no such setting"),
+    ("typo", ["training.lr_typo=1"], "training.lr_typo: no such setting in training"),
+    ("wrong-type", ["training.max_steps=many"], "training.max_steps:"),
+    ("probe-fraction", ["training.auto_batch.cpu_memory_fraction=0"], "cpu_memory_fraction=0"),
+    ("probe-seconds", ["training.auto_batch.max_probe_seconds=inf"], "max_probe_seconds=inf"),
+    # model
+    ("heads", ["model.n_head=3"], "must be divisible by model.n_head=3"),
+    ("layers-zero", ["model.n_layer=0"], "model.n_layer=0"),
+    ("dropout-above", ["model.dropout=1.5"], "model.dropout=1.5"),
+    ("dropout-nan", ["model.dropout=nan"], "model.dropout=nan"),
+    ("model-absurd", ["model.n_layer=2000", "model.n_embd=8192"], "B parameters need"),
+    ("arch", ["model.arch=rnn"], "model.arch='rnn' is not allowed"),
+    ("attention", ["model.attn_implementation=magic"], "model.attn_implementation='magic'"),
+    ("compile-mode", ["model.compile_mode=fast"], "model.compile_mode='fast'"),
+    ("vocab-small", ["model.vocab_size=100"], "model.vocab_size=100 is smaller"),
+    ("positions", ["model.max_position_embeddings=16"], "exceeds model.max_position_embed"),
+    ("pretrained-missing", ["model=pretrained", "model.path=/nonexistent/model"], "model.path="),
+    # data
+    ("seq-len-zero", ["data.seq_len=0"], "data.seq_len=0"),
+    ("val-fraction", ["data.val_fraction=0.9"], "data.val_fraction=0.9"),
+    ("docs-one", ["data.builtin_num_docs=1"], "data.builtin_num_docs=1"),
+    ("workers", ["data.num_workers=-1"], "data.num_workers=-1"),
+    ("source", ["data.source=ftp"], "data.source='ftp' is not allowed"),
+    ("bpe-vocab", ["data.tokenizer=train", "data.tokenizer_vocab_size=100"], "vocab_size=100"),
+    ("tokenizer-missing", ["data.tokenizer=/nonexistent/tok"], "data.tokenizer=/nonexistent"),
+    ("no-files", ["data=text_files", "data.paths=[/nonexistent/*.txt]"], "data.paths"),
+    ("binary-file", ["data=text_files", "data.paths=[{tmp}/data.bin]"], "is not text"),
+    ("latin1-file", ["data=text_files", "data.paths=[{tmp}/latin1.txt]"], "not UTF-8 text"),
+    ("group-option", ["data=imagenet"], "data=imagenet is not an option of 'data'"),
+    # device and precision
+    ("gpu-unknown", ["gpu=rtx9090"], "gpu=rtx9090 is not an option of 'gpu'"),
+    ("gpu-absent", ["gpu=rtx4090"], "needs a CUDA device"),
+    ("fp16-on-cpu", ["precision=fp16"], "precision=fp16 needs a CUDA device"),
+    ("bf16-on-t4", ["gpu=t4", "precision=bf16"], "precision=bf16 is not supported by gpu=t4"),
+    ("headroom", ["gpu.memory_headroom=1.5"], "gpu.memory_headroom=1.5"),
+    ("fault-phase", ["faults.oom_phase=never"], "faults.oom_phase='never'"),
+    # resume
+    ("resume-missing", ["training.resume=/nonexistent/run"], "training.resume="),
+    ("resume-shape", [RESUME, "model.n_embd=64"], "trained with model.n_embd=32"),
+    ("resume-garbage", ["training.resume={tmp}/garbage.pt"], "is unreadable"),
+    ("resume-pickle", ["training.resume={tmp}/pickled.pt"], "is unreadable"),
+]
+
+
+def _snapshot(*paths: Path) -> dict[str, str]:
+    out = {}
+    for root in paths:
+        for p in sorted(root.rglob("*")) if root.is_dir() else [root]:
+            if p.is_file():
+                out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+            elif p.is_dir():
+                out[str(p)] = "dir"
+    return out
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A completed run directory, as Hydra and the trainer leave it (checkpoint included)."""
+    base = tmp_path_factory.mktemp("finished")
+    proc = run_cli(*TINY, f"data.cache_dir={base / 'cache'}", f"hydra.run.dir={base / 'run'}")
+    assert proc.returncode == 0, proc.stderr
+    return base
+
+
+@pytest.fixture
+def scratch(tmp_path, finished_run) -> Path:
+    shutil.copytree(finished_run / "run", tmp_path / "run")
+    (tmp_path / "data.bin").write_bytes(bytes(range(256)) * 64)
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 cr\xe8me br\xfbl\xe9e\n".encode("latin-1") * 9)
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")
+    # A pickle the safe loader must refuse: an object torch's allowlist does not know.
+    torch.save(
+        {"model": {}, "step": 1, "payload": os.stat_result((0,) * 10)}, tmp_path / "pickled.pt"
+    )
+    return tmp_path
+
+
+def _invoke(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """`python -m app.train ARGV`, in this process: runpy does what `-m` does."""
+    monkeypatch.setattr(sys, "argv", ["app.train", *argv])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_module("app.train", run_name="__main__", alter_sys=True)
+    captured = capsys.readouterr()
+    return exc.value.code, captured.out, captured.err
+
+
+def _assert_one_line(code: int, err: str, needle: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_run_input_is_one_line_and_touches_nothing(
+    overrides, needle, scratch, monkeypatch, capsys
+):
+    run_dir = scratch / "run"
+    before = _snapshot(run_dir)
+    argv = [
+        *TINY,
+        f"data.cache_dir={scratch / 'run-cache'}",
+        f"hydra.run.dir={run_dir}",
+        *(o.format(tmp=scratch) for o in overrides),
+    ]
+    code, _, err = _invoke(argv, monkeypatch, capsys)
+    _assert_one_line(code, err, needle)
+    assert _snapshot(run_dir) == before
+    assert not (scratch / "run-cache").exists()  # no data was tokenized either
+
+
+SWEEP_CASES = [
+    ("trials-zero", ["hpo.n_trials=0"], "hpo.n_trials=0"),
+    ("direction", ["hpo.direction=up"], "hpo.direction='up'"),
+    ("sampler", ["hpo.sampler=annealing"], "hpo.sampler='annealing'"),
+    ("pruner", ["hpo.pruner=always"], "hpo.pruner='always'"),
+    ("override-typo", ["training.lrr=0.1"], "training.lrr: no such setting"),
+    ("sweep-option", ["model=gpt5"], "model=gpt5 is not an option"),
+]
+
+
+@pytest.fixture
+def study(tmp_path) -> Path:
+    """An existing study with one finished trial, in the journal file a sweep would share."""
+    from hydra_plugins.hydratrain_optuna_sweeper._study import open_storage
+
+    path = tmp_path / "study.journal"
+    existing = optuna.create_study(study_name="s", storage=open_storage(str(path)))
+    existing.enqueue_trial({"x": 1.0})
+    existing.optimize(lambda t: t.suggest_float("x", 0, 2), n_trials=1)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"), [c[1:] for c in SWEEP_CASES], ids=[c[0] for c in SWEEP_CASES]
+)
+def test_bad_sweep_input_is_one_line_and_leaves_the_study(
+    overrides, needle, study, tmp_path, monkeypatch, capsys
+):
+    before = _snapshot(study)
+    argv = [
+        "-m",
+        "hpo=optuna",
+        *TINY,
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "hpo.study_name=s",
+        f"hpo.storage={study}",
+        f"hydra.sweep.dir={tmp_path / 'multirun'}",
+        *overrides,
+    ]
+    code, _, err = _invoke(argv, monkeypatch, capsys)
+    _assert_one_line(code, err, needle)
+    assert _snapshot(study) == before
+    assert list((tmp_path / "multirun").glob("*/.hydra")) == []  # no trial was started
+
+
+def test_there_are_at_least_forty_distinct_cases():
+    ids = [c[0] for c in CASES + SWEEP_CASES]
+    assert len(set(ids)) == len(ids) >= 40
+    assert len({tuple(c[1]) for c in CASES + SWEEP_CASES}) == len(ids)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path) -> Path:
+    """A directory this process cannot write: a read-only tmpfs as root, chmod otherwise."""
+    target = tmp_path / "ro"
+    target.mkdir()
+    if os.geteuid() != 0:
+        target.chmod(0o555)
+        yield target
+        target.chmod(0o755)
+        return
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(target)])
+    if done.returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)])
+
+
+def test_a_read_only_output_directory_is_one_line(read_only_dir, tmp_path, monkeypatch, capsys):
+    argv = [*TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={read_only_dir}/run"]
+    code, _, err = _invoke(argv, monkeypatch, capsys)
+    _assert_one_line(code, err, "cannot write in")
+
+
+def test_resuming_a_completed_run_is_a_no_op(scratch, monkeypatch, capsys):
+    run_dir = scratch / "run"
+    before = _snapshot(run_dir)
+    argv = [*TINY, f"data.cache_dir={scratch / 'c'}", f"hydra.run.dir={run_dir}", RESUME]
+    code, out, err = _invoke(argv, monkeypatch, capsys)
+    assert code == 0, err
+    assert "the run is complete, nothing to do" in out
+    assert _snapshot(run_dir) == before
+
+
+def test_the_docs_table_lists_every_case():
+    table = (Path(__file__).resolve().parents[1] / "docs" / "bad_inputs.md").read_text()
+    for _, overrides, _ in CASES + SWEEP_CASES:
+        shown = " ".join(o.replace("{tmp}", "<dir>") for o in overrides)
+        assert f"`{shown}`" in table or f"`-m hpo=optuna {shown}`" in table, shown
