@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -121,3 +123,14 @@ def test_corrupt_checkpoint_on_resume_is_one_line_and_untouched(tmp_path):
     assert "training.resume: checkpoint" in proc.stderr and "unreadable" in proc.stderr
     assert bad.read_bytes() == b"not a checkpoint"
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step_00000004.pt"]
+
+
+@pytest.mark.slow
+def test_out_of_memory_even_at_micro_batch_1_is_one_line(tmp_path):
+    proc = run_cli(*tiny(tmp_path, "faults.oom_above_micro_batch=0"), f"hydra.run.dir={tmp_path}/r")
+    assert proc.returncode == 1, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: out of memory at micro-batch 1")
+    assert "Traceback" not in proc.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["status"] == "oom" and summary["oom_count"] == 3  # 4 -> 2 -> 1 -> out
