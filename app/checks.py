@@ -27,6 +27,7 @@ STEP_BATCH_HOST_FRACTION = 0.1
 TRAIN_STATE_BYTES_PER_PARAM = 16
 # What a checkpoint must agree on with the run that resumes it.
 SHAPE_KEYS = (
+    "task.name",
     "model.arch",
     "model.path",
     "model.vocab_size",
@@ -39,6 +40,8 @@ SHAPE_KEYS = (
     "data.tokenizer",
     "data.tokenizer_vocab_size",
 )
+# What a checkpoint written before a key existed was trained with.
+SHAPE_DEFAULTS = {"task.name": "causal_lm"}
 
 
 def check_run_dir(run_dir: Path, setting: str = "hydra.run.dir") -> None:
@@ -169,6 +172,7 @@ def check_resume_matches(cfg: DictConfig, checkpoint: Path, saved: dict[str, Any
         return
     for key in SHAPE_KEYS:
         old = _select(saved, key)
+        old = SHAPE_DEFAULTS.get(key) if old is None else old
         new = OmegaConf.select(cfg, key, default=None)
         if old != new:
             raise ConfigError(

@@ -16,6 +16,7 @@ from omegaconf import MISSING, DictConfig
 from app.validation import ConfigError, check_bounds, check_known_keys
 
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
+TASK_NAMES = ("causal_lm",)  # app/tasks/__init__.py
 MODEL_ARCHS = ("gpt2", "llama", "pretrained")
 DATA_SOURCES = ("builtin", "text_files", "synthetic")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -132,6 +133,13 @@ class TrainingConfig:
 
 
 @dataclass
+class TaskConfig:
+    """What is learned (app/tasks/): the loss, its unit, the metrics, the model head."""
+
+    name: str = "causal_lm"  # causal_lm
+
+
+@dataclass
 class FaultsConfig:
     """Fault injection for tests and CPU users: see README, 'Fault injection'."""
 
@@ -148,6 +156,7 @@ class TrainConfig:
     data: DataConfig = MISSING
     model: ModelConfig = MISSING
     training: TrainingConfig = MISSING
+    task: TaskConfig = field(default_factory=TaskConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     hpo: Any = None  # set by hpo=optuna; read by the sweeper and the trial reporter
     # summary.json key main() returns, or a list of keys for multi-objective studies
@@ -172,6 +181,7 @@ def validate(cfg: DictConfig) -> None:
     """Device-independent checks run before any expensive work; raise ConfigError."""
     check_known_keys(cfg)
     check_bounds(cfg)
+    _one_of("task.name", cfg.task.name, TASK_NAMES)
     _one_of("precision", cfg.precision.name, PRECISIONS)
     _one_of("gpu.device_type", cfg.gpu.device_type, ("auto", "cuda", "cpu"))
     _validate_preset_precision(cfg.gpu, cfg.precision.name)

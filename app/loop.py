@@ -12,12 +12,12 @@ import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from app import checkpoint as ckpt
@@ -31,19 +31,41 @@ from app.distributed import (
     no_sync,
     unwrap_ddp,
 )
-from app.hardware.precision import PrecisionPlan
+from app.hardware.precision import PrecisionPlan, autocast
 from app.objective import NullReporter, Reporter
 from app.outcomes import Diverged, Preempted, Pruned, TrainingOOM
 from app.preemption import StopRequest
+from app.tasks.base import Task, move
+from app.tasks.causal_lm import CausalLM
 from app.telemetry import RunLogger, cuda_memory_metrics, mfu, peak_memory_bytes
 
 log = logging.getLogger(__name__)
-IGNORE = -100  # a negative token in a block marks padding: no input token, no target
+IGNORE = -100  # causal LM: a negative token in a block marks padding (app/tasks/causal_lm.py)
+
+
+@dataclass
+class Observers:
+    """Where a run reports to; each is optional and does nothing by default."""
+
+    logger: RunLogger | None = None  # TensorBoard + metrics.jsonl, on the main rank
+    reporter: Reporter = field(default_factory=NullReporter)  # the HPO trial, if any
+    on_plan_change: Callable[[BatchPlan], None] | None = None  # OOM recovery teaches the cache
+    stop: StopRequest = field(default_factory=StopRequest)  # set by SIGTERM/SIGINT
+
+
+@dataclass
+class ModelFacts:
+    """Fixed facts about the model: throughput figures and what checkpoints record."""
+
+    num_params: int = 0  # N of the FLOPs formula (app/model.py model_shape)
+    flops_per_token: int | None = None
+    peak_tflops: float | None = None  # of this device at this precision; None: MFU unknown
+    identity: dict[str, Any] = field(default_factory=dict)  # the settings that shape it
 
 
 @dataclass
 class Run:
-    """Everything one training run needs, built by app.train (or a test) and handed to train()."""
+    """Everything one training run needs, built by app.runner (or a test) and handed to train()."""
 
     model: torch.nn.Module  # what runs forward: maybe compiled and/or DDP-wrapped
     raw_model: torch.nn.Module  # what is saved and restored
@@ -53,69 +75,56 @@ class Run:
     precision: PrecisionPlan
     device: torch.device
     cfg: DictConfig  # the training slice
-    steps: Any  # iterator of host step tensors [per-rank batch, seq_len + 1]
-    val_blocks: torch.Tensor
+    steps: Any  # iterator of this rank's host step batches (the task's sample type)
+    val_blocks: Any  # validation samples: packed blocks (causal LM) or padded rows
     run_dir: Path
+    task: Task = field(default_factory=CausalLM)
     scaler: torch.amp.GradScaler | None = None
-    logger: RunLogger | None = None
-    reporter: Reporter = field(default_factory=NullReporter)
     faults: FaultInjector = field(default_factory=FaultInjector)
     dist: DistInfo = field(default_factory=DistInfo)
-    start_step: int = 0
-    flops_per_token: int | None = None
-    peak_tflops: float | None = None
-    num_params: int = 0
-    on_plan_change: Any = None  # callback(plan) when OOM recovery shrinks the micro-batch
-    stop: StopRequest = field(default_factory=StopRequest)  # set by SIGTERM/SIGINT
-    config_snapshot: dict[str, Any] = field(default_factory=dict)  # saved with checkpoints
+    start_step: int = 0  # optimizer steps already done (a resumed run)
+    observers: Observers = field(default_factory=Observers)
+    facts: ModelFacts = field(default_factory=ModelFacts)
     history: list[dict[str, Any]] = field(default_factory=list)  # what was logged, for tests
 
 
-def inputs_and_targets(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = blocks[:, :-1], blocks[:, 1:]
-    return x.clamp_min(0), y.where(y >= 0, IGNORE)
+class StepResult(NamedTuple):
+    loss_sum: torch.Tensor  # on the device: summed over the step's units
+    units: int  # what the loss is averaged over (target tokens, samples)
+    grad_norm: torch.Tensor
+    tokens: int  # input tokens that carry data, for tokens/s
 
 
-def autocast(run: Run) -> contextlib.AbstractContextManager:
-    if run.precision.autocast_dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(run.device.type, dtype=run.precision.autocast_dtype)
+def inputs_and_targets(batch: Any, task: Task | None = None) -> tuple[Any, torch.Tensor]:
+    return (task or CausalLM()).inputs_and_targets(batch)
 
 
-def loss_sum(
-    run: Run, x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module | None = None
-) -> torch.Tensor:
-    with autocast(run):
-        logits = (run.model if model is None else model)(input_ids=x).logits
-    # Summed, not averaged: the caller divides by the target tokens of the whole optimizer step.
-    return F.cross_entropy(
-        logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
-    )
+def loss_sum(run: Run, x: Any, y: torch.Tensor, model: torch.nn.Module | None = None):
+    """The task's summed loss of one micro-batch under the run's autocast."""
+    with autocast(run.precision, run.device):
+        return run.task.loss_sum(run.model if model is None else model, x, y)
 
 
-def train_step(run: Run, blocks: torch.Tensor, step: int) -> tuple[torch.Tensor, int, torch.Tensor]:
-    """One optimizer step over `blocks` (this rank's share of the effective batch)."""
-    x_all, y_all = inputs_and_targets(blocks)
-    tokens = int((y_all != IGNORE).sum())  # on the host tensor: no device sync
-    # DDP averages gradients over ranks, so scale by world / global tokens for an exact token mean.
-    divisor = global_sum(tokens, run.dist, run.device)
+def train_step(run: Run, batch: Any, step: int) -> StepResult:
+    """One optimizer step over `batch` (this rank's share of the effective batch)."""
+    x_all, y_all = run.task.inputs_and_targets(batch)
+    units = run.task.units(y_all)  # on the host tensor: no device sync
+    # DDP averages gradients over ranks, so scale by world / global units for an exact mean.
+    divisor = global_sum(units, run.dist, run.device)
     scale = run.dist.world_size / divisor
     sizes = run.plan.micro_sizes
     total = torch.zeros((), device=run.device)
-    offset = 0
-    for i, n in enumerate(sizes):
-        x = x_all[offset : offset + n].to(run.device, non_blocking=True)
-        y = y_all[offset : offset + n].to(run.device, non_blocking=True)
-        offset += n
+    for i, (x, y) in enumerate(run.task.micro_batches(x_all, y_all, sizes)):
+        x, y = move(x, run.device), y.to(run.device, non_blocking=True)
         with no_sync(run.model, sync=i == len(sizes) - 1):
-            run.faults.check("forward", n, step)
+            run.faults.check("forward", len(y), step)
             part = loss_sum(run, x, y)
-            run.faults.check("backward", n, step)
+            run.faults.check("backward", len(y), step)
             scaled = part * scale
             (run.scaler.scale(scaled) if run.scaler else scaled).backward()
         total += part.detach()
     grad_norm = optimizer_step(run, step)
-    return total, tokens, grad_norm
+    return StepResult(total, units, grad_norm, run.task.tokens(x_all))
 
 
 def optimizer_step(run: Run, step: int) -> torch.Tensor:
@@ -188,8 +197,8 @@ def shrink_micro_batch(run: Run, step: int, error: str | None) -> None:
         smaller,
         run.plan.describe(),
     )
-    if run.on_plan_change is not None:
-        run.on_plan_change(run.plan)
+    if run.observers.on_plan_change is not None:
+        run.observers.on_plan_change(run.plan)
 
 
 def _alloc_retries(run: Run) -> dict[str, int]:
@@ -202,43 +211,56 @@ def _alloc_retries(run: Run) -> dict[str, int]:
 def _log_oom(run: Run, step: int, counts: dict[str, int]) -> None:
     metrics = {f"train/{k}": float(v) for k, v in counts.items()}
     run.history.append({"step": step, **metrics})
-    if run.logger is not None:
-        run.logger.log(step, metrics)
+    if run.observers.logger is not None:
+        run.observers.logger.log(step, metrics)
+
+
+def evaluate(run: Run, step: int) -> float:
+    """The validation loss (per target token for causal LM, per sample for classification)."""
+    return evaluate_metrics(run, step)["loss"]
 
 
 @torch.no_grad()
-def evaluate(run: Run, step: int) -> float:
-    """Mean validation loss per target token.
+def evaluate_metrics(run: Run, step: int) -> dict[str, float]:
+    """The task's validation metrics over run.val_blocks.
 
-    Under DDP each rank evaluates its own contiguous share of the validation blocks and the sums
-    are added up over ranks: the figure one process gets, for 1/world of the work. The forward
-    goes around the DDP wrapper, whose forward may run collectives, because the shares (and so
-    the number of batches) can differ by one block between ranks.
+    Under DDP each rank evaluates its own contiguous share of the validation samples and the
+    sums are added up over ranks: the figures one process gets, for 1/world of the work. The
+    forward goes around the DDP wrapper, whose forward may run collectives, because the shares
+    (and so the number of batches) can differ by one sample between ranks.
     """
     model = unwrap_ddp(run.model)
     share = run.val_blocks[rank_slice(len(run.val_blocks), run.dist.rank, run.dist.world_size)]
     run.model.eval()
-    total = torch.zeros((), device=run.device, dtype=torch.float64)
-    tokens = 0
     while True:
         try:
-            for start in range(0, len(share), run.plan.micro_batch_size):
-                chunk = share[start : start + run.plan.micro_batch_size]
-                run.faults.check("eval", len(chunk), step)
-                x, y = inputs_and_targets(chunk)
-                total += loss_sum(run, x.to(run.device), y.to(run.device), model)
-                tokens += int((y != IGNORE).sum())
+            sums = _eval_sums(run, share, model, step)
             break
         except torch.OutOfMemoryError as exc:
             failed = str(exc).splitlines()[0]
         release_after_oom(run)
         shrink_micro_batch(run, step, failed)
-        total.zero_()
-        tokens = 0
     run.model.train()
-    sums = torch.stack([total, torch.tensor(float(tokens), device=run.device, dtype=total.dtype)])
-    loss, count = all_reduce_sum(sums, run.dist).tolist()  # the one host sync of the evaluation
-    return loss / max(count, 1.0)
+    totals = all_reduce_sum(sums, run.dist).tolist()  # the one host sync of the evaluation
+    return run.task.eval_metrics(totals)
+
+
+def _eval_sums(run: Run, share: Any, model: torch.nn.Module, step: int) -> torch.Tensor:
+    x_all, y_all = run.task.inputs_and_targets(share)
+    micro = run.plan.micro_batch_size
+    sizes = [min(micro, len(y_all) - start) for start in range(0, len(y_all), micro)]
+    sums = None
+    for x, y in run.task.micro_batches(x_all, y_all, sizes):
+        run.faults.check("eval", len(y), step)
+        part = eval_sums(run, move(x, run.device), y.to(run.device), model)
+        sums = part if sums is None else sums + part
+    return sums
+
+
+def eval_sums(run: Run, x: Any, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    """The task's evaluation sums of one micro-batch under the run's autocast."""
+    with autocast(run.precision, run.device):
+        return run.task.eval_sums(model, x, y)
 
 
 def save(run: Run, step: int) -> None:
@@ -252,7 +274,7 @@ def save(run: Run, step: int) -> None:
         "step": step,  # optimizer steps done; the data position follows from it
         "rng": ckpt.rng_state(),
         "plan": run.plan.as_dict(),
-        "config": run.config_snapshot,  # what shaped the model: a resume is checked against it
+        "config": run.facts.identity,  # what shaped the model: a resume is checked against it
     }
     ckpt.save_checkpoint(run.run_dir / "checkpoints", step, state, run.cfg.keep_checkpoints)
 
@@ -352,25 +374,23 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
     progress when the run ends early). Raises Pruned, Diverged, TrainingOOM or Preempted."""
     cfg = run.cfg
     summary = {} if summary is None else summary
-    summary.update(initial_val_loss=None, final_val_loss=None, steps=run.start_step)
-    tokens_per_step = run.plan.effective_batch_size * (run.val_blocks.shape[1] - 1)
+    for m in run.task.metrics:
+        summary[f"initial_val_{m.name}"] = summary[f"final_val_{m.name}"] = None
+    summary["steps"] = run.start_step
     if run.start_step == 0 and cfg.eval_at_start:
-        summary["initial_val_loss"] = _eval_and_report(run, 0, summary)
+        values = _eval_and_report(run, 0, summary)
+        summary.update({f"initial_val_{m.name}": values[m.name] for m in run.task.metrics})
     meter = Throughput(run.device)
-    window = {"loss": torch.zeros((), device=run.device), "tokens": 0, "steps": 0}
+    window = Window(torch.zeros((), device=run.device))
     bar = _progress(run)
-    grad_norm = torch.zeros(())
     try:
         for step in range(run.start_step, cfg.max_steps):
-            blocks = next(run.steps)
-            loss, tokens, grad_norm = step_with_recovery(run, blocks, step)
+            batch = next(run.steps)
+            window.add(step_with_recovery(run, batch, step))
             meter.mark_step()  # a CUDA event (no sync) or a clock reading, read at the log point
-            window["loss"] += loss
-            window["tokens"] += tokens
-            window["steps"] += 1
             done = step + 1
             if done % cfg.log_every == 0 or done == cfg.max_steps:
-                _log_window(run, done, window, meter, grad_norm, tokens_per_step, summary, bar)
+                _log_window(run, done, window, meter, summary, bar)
             if done % cfg.eval_every == 0 or done == cfg.max_steps:
                 with meter.pause():
                     _eval_and_report(run, done, summary)
@@ -395,32 +415,56 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
 def stop_requested(run: Run) -> bool:
     """A signal asked this run to stop. Under DDP every rank must stop after the same step,
     so the ranks agree on it: one small all-reduce per step, and only under torchrun."""
-    return any_rank(run.stop.requested, run.dist, run.device)
+    return any_rank(run.observers.stop.requested, run.dist, run.device)
 
 
 def stop_here(run: Run, done: int, saved: bool) -> None:
     if not saved:
         save(run, done)
-    signal = run.stop.name if run.stop.requested else "a stop on another rank"
+    stop = run.observers.stop
+    signal = stop.name if stop.requested else "a stop on another rank"
     raise Preempted(
         f"{signal}: stopped after step {done} of {run.cfg.max_steps} with a checkpoint; "
         "training.resume=auto (same run dir) or training.resume=<run dir> continues exactly",
-        signum=run.stop.signum or 15,
+        signum=stop.signum or 15,
         step=done,
     )
 
 
-def _log_window(run, done, window, meter, grad_norm, tokens_per_step, summary, bar) -> None:
-    train_loss = window["loss"].item() / max(window["tokens"], 1)  # the one sync of the window
+@dataclass
+class Window:
+    """What the loop adds up between two log points; read (one host sync) at the log point."""
+
+    loss: torch.Tensor  # on the device: summed over `units`
+    units: int = 0
+    tokens: int = 0  # this rank's
+    steps: int = 0
+    grad_norm: torch.Tensor | None = None  # the last step's
+
+    def add(self, result: StepResult) -> None:
+        self.loss += result.loss_sum
+        self.units += result.units
+        self.tokens += result.tokens
+        self.steps += 1
+        self.grad_norm = result.grad_norm
+
+    def reset(self) -> None:
+        self.loss.zero_()
+        self.units = self.tokens = self.steps = 0
+
+
+def _log_window(run: Run, done: int, window: Window, meter, summary, bar) -> None:
+    train_loss = window.loss.item() / max(window.units, 1)  # the window's host sync
     if not math.isfinite(train_loss):
         raise Diverged(f"train loss is {train_loss} at step {done}")
-    seconds = meter.close_window(window["steps"] * tokens_per_step, run.device)
-    step_time = seconds / window["steps"]
-    tok_s = tokens_per_step / step_time
+    tokens = int(global_sum(window.tokens, run.dist, run.device))  # all ranks' (a sync: here)
+    seconds = meter.close_window(tokens, run.device)
+    step_time = seconds / window.steps
+    tok_s = tokens / seconds
     metrics: dict[str, float | None] = {
         "train/loss": train_loss,
         "train/learning_rate": run.scheduler.get_last_lr()[0],
-        "train/grad_norm": float(grad_norm),
+        "train/grad_norm": float(window.grad_norm),
         "train/step_time_s": step_time,
         "train/samples_per_sec": run.plan.effective_batch_size / step_time,
         "train/tokens_per_sec": tok_s,
@@ -428,19 +472,18 @@ def _log_window(run, done, window, meter, grad_norm, tokens_per_step, summary, b
         "train/grad_accum_steps": float(run.plan.grad_accum_steps),
         "train/mfu": _mfu(run, tok_s),
     }
-    metrics.update(_step_timing(meter, window["steps"]))
+    metrics.update(_step_timing(meter, window.steps))
     if run.device.type == "cuda":
         metrics.update(cuda_memory_metrics(run.device))
     else:
         metrics["system/peak_rss_mb"] = peak_memory_bytes(run.device) / 2**20
     summary["final_train_loss"] = train_loss
     run.history.append({"step": done, **metrics})
-    if run.logger is not None:
-        run.logger.log(done, metrics)
+    if run.observers.logger is not None:
+        run.observers.logger.log(done, metrics)
     if bar is not None:
         bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
-    window["loss"].zero_()
-    window["tokens"] = window["steps"] = 0
+    window.reset()
 
 
 def _step_timing(meter: Throughput, steps: int) -> dict[str, float]:
@@ -454,23 +497,27 @@ def _step_timing(meter: Throughput, steps: int) -> dict[str, float]:
 
 
 def _mfu(run: Run, tokens_per_sec: float) -> float | None:
-    if run.flops_per_token is None:
+    facts = run.facts
+    if facts.flops_per_token is None:
         return None
-    return mfu(tokens_per_sec / run.dist.world_size, run.flops_per_token, run.peak_tflops)
+    return mfu(tokens_per_sec / run.dist.world_size, facts.flops_per_token, facts.peak_tflops)
 
 
-def _eval_and_report(run: Run, step: int, summary: dict[str, Any]) -> float:
-    val_loss = evaluate(run, step)
-    if not math.isfinite(val_loss):
-        raise Diverged(f"validation loss is {val_loss} at step {step}")
-    summary["final_val_loss"] = val_loss
-    metrics = {"val/loss": val_loss, "val/perplexity": math.exp(min(val_loss, 50.0))}
+def _eval_and_report(run: Run, step: int, summary: dict[str, Any]) -> dict[str, float]:
+    values = evaluate_metrics(run, step)
+    if not math.isfinite(values["loss"]):
+        raise Diverged(f"validation loss is {values['loss']} at step {step}")
+    summary.update({f"final_val_{m.name}": values[m.name] for m in run.task.metrics})
+    metrics = {f"val/{name}": value for name, value in values.items()}
     run.history.append({"step": step, **metrics})
-    if run.logger is not None:
-        run.logger.log(step, metrics)
-    if run.reporter.report(step, {"val_loss": val_loss, "final_val_loss": val_loss}):
-        raise Pruned(f"pruned at step {step} with validation loss {val_loss:.4f}")
-    return val_loss
+    if run.observers.logger is not None:
+        run.observers.logger.log(step, metrics)
+    reported = {f"val_{m.name}": values[m.name] for m in run.task.metrics}
+    reported.update({f"final_{k}": v for k, v in reported.items()})
+    if run.observers.reporter.report(step, reported):
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in reported.items() if not k.startswith("final"))
+        raise Pruned(f"pruned at step {step} with validation {shown.replace('val_', '')}")
+    return values
 
 
 def _progress(run: Run):

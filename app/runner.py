@@ -16,22 +16,23 @@ from omegaconf import DictConfig, OmegaConf
 from app import checkpoint as ckpt
 from app.batch.faults import FaultInjector
 from app.batch.plan import BatchPlan, fixed_plan
+from app.batch.probe import auto_plan, oom_listener, plan_scalars
 from app.batch.probe import describe as describe_choice
-from app.batch.probe import plan_scalars
 from app.checks import AlreadyComplete, check_start
 from app.config import ConfigError, validate
+from app.context import RunContext
 from app.data.loader import StepDataset, make_step_loader, resolve_num_workers
-from app.data.tokens import load_token_data
 from app.distributed import DistInfo, init_distributed, shared_run_dir, shutdown, wrap_ddp
-from app.hardware.devices import DeviceInfo, detect_device, effective_preset
+from app.hardware.devices import detect_device, effective_preset
 from app.hardware.host_malloc import apply_host_malloc
-from app.hardware.precision import PrecisionPlan, apply_precision_flags, resolve_precision
-from app.loop import Run, peak_memory, restore, train
-from app.model import build_model, maybe_compile, model_shape
+from app.hardware.precision import apply_precision_flags, resolve_precision
+from app.loop import ModelFacts, Observers, Run, peak_memory, restore, train
+from app.model import maybe_compile, model_shape
 from app.objective import build_reporter
 from app.optim import build_optimizer, build_scheduler
 from app.outcomes import RunOutcome
-from app.preemption import StopRequest, stop_on_signals
+from app.preemption import stop_on_signals
+from app.tasks import Task, TaskData, build_task
 from app.telemetry import RunLogger, flops_per_token, mfu, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         return already_complete(done, run_dir, cfg, dist)
     preset = effective_preset(cfg.gpu, device)
     precision = resolve_precision(cfg.precision.name, device, preset)
+    ctx = RunContext(cfg, device, preset, precision, dist, build_task(cfg.get("task")))
     state = ckpt.load_checkpoint(resume_from) if resume_from else None  # fail before work
     apply_precision_flags(precision)
     if device.type == "cuda":
@@ -61,16 +63,14 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats(device.torch_device)
     torch.manual_seed(cfg.training.seed)
 
-    reporter = build_reporter(cfg)
+    observers = Observers(reporter=build_reporter(cfg))
     summary: dict[str, Any] = {"status": "running", "run_dir": str(run_dir)}
     run = None
-    stop = StopRequest()
     try:
-        with stop_on_signals(stop):
-            run = build_run(cfg, run_dir, device, preset, precision, dist, state)
-            run.reporter, run.stop = reporter, stop
-            summary.update(describe_run(run, device, precision, cfg))
-            print_banner(summary, device, precision, run, dist)
+        with stop_on_signals(observers.stop):
+            run = build_run(ctx, run_dir, state, observers)
+            summary.update(describe_run(run, ctx))
+            print_banner(summary, ctx, run)
             train(run, summary)
         summary["status"] = "completed"
     except ConfigError:
@@ -83,7 +83,7 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        finish(run, summary, started, dist, reporter)
+        finish(run, summary, started, dist, observers.reporter)
     return summary
 
 
@@ -100,43 +100,36 @@ def already_complete(done: AlreadyComplete, run_dir: Path, cfg: DictConfig, dist
 
 
 def build_run(
-    cfg: DictConfig,
-    run_dir: Path,
-    device: DeviceInfo,
-    preset: DictConfig,
-    precision: PrecisionPlan,
-    dist: DistInfo,
-    state: dict[str, Any] | None,
+    ctx: RunContext, run_dir: Path, state: dict[str, Any] | None, observers: Observers
 ) -> Run:
-    data = load_token_data(cfg.data)
+    cfg, device, dist = ctx.cfg, ctx.device, ctx.dist
+    data = ctx.task.load_data(cfg.data)
     tdev = device.torch_device
-    model = build_model(cfg.model, data.vocab_size).to(tdev)
-    shape = model_shape(model)
-    plan = choose_plan(cfg, model, data, device, preset, precision, dist)
+    model = ctx.task.build_model(cfg.model, data).to(tdev)
+    plan = choose_plan(ctx, model, data)
     optimizer = build_optimizer(model, cfg.training)
-    forward_model = maybe_compile(model, cfg.model, preset)
+    start_step = int(state["step"]) if state is not None else 0
+    if cfg.training.micro_batch_size == "auto" and dist.is_main:
+        observers.on_plan_change = oom_listener(ctx, model)
     run = Run(
-        model=wrap_ddp(forward_model, dist, tdev),
+        model=wrap_ddp(maybe_compile(model, cfg.model, ctx.preset), dist, tdev),
         raw_model=model,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, cfg.training),
         plan=plan,
-        precision=precision,
+        precision=ctx.precision,
         device=tdev,
         cfg=cfg.training,
-        steps=iter(()),
+        steps=iter(step_loader(ctx, data, plan, start_step)),
         val_blocks=data.val[: cfg.training.eval_samples],
         run_dir=run_dir,
-        scaler=torch.amp.GradScaler(device.type) if precision.use_grad_scaler else None,
+        task=ctx.task,
+        scaler=torch.amp.GradScaler(device.type) if ctx.precision.use_grad_scaler else None,
         faults=FaultInjector(cfg.faults, dist.rank),
         dist=dist,
-        flops_per_token=flops_per_token(
-            shape.num_params, shape.n_layer, shape.n_head, shape.head_dim, cfg.data.seq_len
-        ),
-        peak_tflops=device.peak_tflops.get(precision.name),
-        num_params=shape.num_params,
-        on_plan_change=plan_listener(cfg, model, device, preset, precision, dist),
-        config_snapshot=model_identity(cfg),
+        start_step=start_step,
+        observers=observers,
+        facts=model_facts(ctx, model),
     )
     if state is not None:
         try:
@@ -146,11 +139,24 @@ def build_run(
                 f"training.resume: the checkpoint does not fit this model ({_first_line(exc)}); "
                 "resume with the model it was trained with"
             ) from None
-    run.steps = iter(step_loader(cfg, data.train, plan, run.start_step, preset, device, dist))
-    if dist.is_main:
+    if dist.is_main:  # last: a run refused above has written nothing
         run_dir.mkdir(parents=True, exist_ok=True)
-        run.logger = RunLogger(run_dir, nvml_index=device.index if device.type == "cuda" else None)
+        nvml = device.index if device.type == "cuda" else None
+        observers.logger = RunLogger(run_dir, nvml_index=nvml)
     return run
+
+
+def model_facts(ctx: RunContext, model: torch.nn.Module) -> ModelFacts:
+    shape = model_shape(model)
+    seq = ctx.task.sequence_length(ctx.cfg.data)
+    return ModelFacts(
+        num_params=shape.num_params,
+        flops_per_token=flops_per_token(
+            shape.num_params, shape.n_layer, shape.n_head, shape.head_dim, seq
+        ),
+        peak_tflops=ctx.device.peak_tflops.get(ctx.precision.name),
+        identity=model_identity(ctx.cfg),
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -161,49 +167,41 @@ def _first_line(exc: BaseException) -> str:
 def model_identity(cfg: DictConfig) -> dict[str, Any]:
     """The settings that shape the model, saved in each checkpoint (app/checks.py SHAPE_KEYS)."""
     return OmegaConf.to_container(
-        OmegaConf.masked_copy(cfg, ["model", "data"]), resolve=True, throw_on_missing=False
+        OmegaConf.masked_copy(cfg, ["task", "model", "data"]), resolve=True, throw_on_missing=False
     )
 
 
-def choose_plan(cfg, model, data, device, preset, precision, dist) -> BatchPlan:
-    t = cfg.training
+def choose_plan(ctx: RunContext, model: torch.nn.Module, data: TaskData) -> BatchPlan:
+    t, dist = ctx.cfg.training, ctx.dist
     if t.micro_batch_size == "auto":
-        from app.batch.probe import auto_plan
-
-        return auto_plan(cfg, model, data, device, preset, precision, dist)
+        return auto_plan(ctx, model, data)
     return fixed_plan(t.effective_batch_size, t.micro_batch_size, dist.world_size, dist.rank)
 
 
-def plan_listener(cfg, model, device, preset, precision, dist):
-    """Run.on_plan_change: an auto run that recovers from an OOM teaches the micro-batch cache."""
-    if cfg.training.micro_batch_size != "auto" or not dist.is_main:
-        return None
-    from app.batch.probe import oom_listener
-
-    return oom_listener(cfg, model, device, preset, precision)
-
-
-def step_loader(cfg, blocks, plan: BatchPlan, start_step, preset, device, dist):
+def step_loader(ctx: RunContext, data: TaskData, plan: BatchPlan, start_step: int):
+    cfg, dist, device = ctx.cfg, ctx.dist, ctx.device
     d = cfg.data
     dataset = StepDataset(
-        blocks, plan.effective_batch_size, d.seed, rank=dist.rank, world_size=dist.world_size
+        data.train, plan.effective_batch_size, d.seed, rank=dist.rank, world_size=dist.world_size
     )
     on_cuda = device.type == "cuda"
     return make_step_loader(
         dataset,
         start_step,
         cfg.training.max_steps - start_step,
-        num_workers=resolve_num_workers(d.num_workers, preset.dataloader_workers),
+        num_workers=resolve_num_workers(d.num_workers, ctx.preset.dataloader_workers),
         pin_memory=on_cuda if d.pin_memory is None else bool(d.pin_memory and on_cuda),
         persistent_workers=d.persistent_workers,
         prefetch_factor=d.prefetch_factor,
     )
 
 
-def describe_run(run: Run, device: DeviceInfo, precision: PrecisionPlan, cfg) -> dict[str, Any]:
-    tokens_per_step = run.plan.effective_batch_size * cfg.data.seq_len
+def describe_run(run: Run, ctx: RunContext) -> dict[str, Any]:
+    device, precision = ctx.device, ctx.precision
+    seq_len = ctx.task.sequence_length(ctx.cfg.data)
     return {
         **batch_fields(run.plan),
+        "task": ctx.task.name,
         "device": device.type,
         "device_name": device.name,
         "preset": device.preset,
@@ -211,11 +209,12 @@ def describe_run(run: Run, device: DeviceInfo, precision: PrecisionPlan, cfg) ->
         "dtype": precision.name,
         "precision_reason": precision.reason,
         "world_size": run.dist.world_size,
-        "seq_len": cfg.data.seq_len,
-        "tokens_per_step": tokens_per_step,
-        "num_params": run.num_params,
-        "flops_per_token": run.flops_per_token,
-        "peak_tflops": run.peak_tflops,
+        "seq_len": seq_len,
+        # Causal LM: exact. Padded tasks: the most a step can hold (sequences are shorter).
+        "tokens_per_step": run.plan.effective_batch_size * seq_len,
+        "num_params": run.facts.num_params,
+        "flops_per_token": run.facts.flops_per_token,
+        "peak_tflops": run.facts.peak_tflops,
         "resumed_from_step": run.start_step,
         "warnings": device.warnings,
     }
@@ -232,24 +231,37 @@ def batch_fields(plan: BatchPlan) -> dict[str, Any]:
     }
 
 
-def print_banner(summary, device: DeviceInfo, precision: PrecisionPlan, run: Run, dist) -> None:
-    if not dist.is_main:
+def print_banner(summary, ctx: RunContext, run: Run) -> None:
+    if not ctx.dist.is_main:
         return
+    device, precision = ctx.device, ctx.precision
     mem = f", {device.total_memory_bytes / 2**30:.1f} GiB" if device.total_memory_bytes else ""
     lines = [
         f"device     {device.type}: {device.name}{mem} (preset {device.preset})",
         f"precision  {precision.name}: {precision.reason}",
         f"batch      {run.plan.describe()}",
         *([f"autobatch  {how}"] if (how := describe_choice(run.plan)) else []),
-        f"tokens     {summary['tokens_per_step']:,} per optimizer step "
-        f"(seq_len {summary['seq_len']}), {summary['num_params']:,} parameters",
+        f"{step_line(summary, ctx.task)}, {summary['num_params']:,} parameters",
         f"steps      {run.start_step} -> {run.cfg.max_steps}; run dir {run.run_dir}",
     ]
     lines += [f"warning    {w}" for w in device.warnings]
     print("\n".join(lines), flush=True)
-    if run.logger is not None:
-        run.logger.text("run/plan", "\n\n".join(lines))
-        run.logger.log(run.start_step, plan_scalars(run.plan))
+    logger = run.observers.logger
+    if logger is not None:
+        logger.text("run/plan", "\n\n".join(lines))
+        logger.log(run.start_step, plan_scalars(run.plan))
+
+
+def step_line(summary: dict[str, Any], task: Task) -> str:
+    if task.unit == "target token":
+        return (
+            f"tokens     {summary['tokens_per_step']:,} per optimizer step "
+            f"(seq_len {summary['seq_len']})"
+        )
+    return (
+        f"samples    {summary['effective_batch_size']:,} per optimizer step, loss averaged "
+        f"over them (max_length {summary['seq_len']}, padded per micro-batch)"
+    )
 
 
 def closing_line(summary: dict[str, Any]) -> str:
@@ -284,11 +296,12 @@ def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
                 summary["peak_memory_bytes"] / summary["device_memory_bytes"]
             )
         summary["oom_count"] = run.plan.details.get("oom_count", 0)
-        if summary.get("tokens_per_sec") and run.flops_per_token and run.peak_tflops:
+        facts = run.facts
+        if summary.get("tokens_per_sec") and facts.flops_per_token and facts.peak_tflops:
             per_device = summary["tokens_per_sec"] / dist.world_size
-            summary["mfu"] = mfu(per_device, run.flops_per_token, run.peak_tflops)
-        if run.logger is not None:
-            run.logger.close()
+            summary["mfu"] = mfu(per_device, facts.flops_per_token, facts.peak_tflops)
+        if run.observers.logger is not None:
+            run.observers.logger.close()
     summary["wall_time_s"] = time.perf_counter() - started
     if dist.is_main and summary.get("run_dir"):
         write_summary(Path(summary["run_dir"]), summary)

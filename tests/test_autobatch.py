@@ -25,23 +25,23 @@ def tiny_cfg(cache: Path, *overrides: str, base: list[str] = AUTO_TINY):
 
 def parts(cfg):
     """What runner.build_run hands to auto_plan, without the rest of the run."""
-    from app.data.tokens import load_token_data
+    from app.context import RunContext
     from app.hardware.devices import detect_device, effective_preset
     from app.hardware.precision import resolve_precision
-    from app.model import build_model
+    from app.tasks import build_task
 
-    data = load_token_data(cfg.data)
     device = detect_device(cfg.gpu)
     preset = effective_preset(cfg.gpu, device)
     precision = resolve_precision(cfg.precision.name, device, preset)
+    ctx = RunContext(cfg, device, preset, precision, DistInfo(), build_task(cfg.task))
+    data = ctx.task.load_data(cfg.data)
     torch.manual_seed(cfg.training.seed)
-    model = build_model(cfg.model, data.vocab_size)
-    return model, data, device, preset, precision
+    model = ctx.task.build_model(cfg.model, data)
+    return ctx, model, data
 
 
 def plan_for(cfg):
-    model, data, device, preset, precision = parts(cfg)
-    return autobatch.auto_plan(cfg, model, data, device, preset, precision, DistInfo())
+    return autobatch.auto_plan(*parts(cfg))
 
 
 @pytest.fixture
@@ -99,10 +99,10 @@ def test_probe_honours_injected_ooms_and_leaves_model_optimizer_and_rng_untouche
     cache_dir, probe_steps
 ):
     cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto", "faults.oom_above_micro_batch=12")
-    model, data, device, preset, precision = parts(cfg)
+    ctx, model, data = parts(cfg)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = ckpt.rng_state()
-    plan = autobatch.auto_plan(cfg, model, data, device, preset, precision, DistInfo())
+    plan = autobatch.auto_plan(ctx, model, data)
 
     assert plan.source == "probed" and plan.micro_batch_size <= 12
     assert sum(plan.micro_sizes) == 32 and max(plan.micro_sizes) == plan.micro_batch_size
@@ -121,8 +121,8 @@ def test_probe_optimizer_state_does_not_leak_into_the_run(cache_dir):
     from app.optim import build_optimizer
 
     cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto")
-    model, data, device, preset, precision = parts(cfg)
-    autobatch.auto_plan(cfg, model, data, device, preset, precision, DistInfo())
+    ctx, model, data = parts(cfg)
+    autobatch.auto_plan(ctx, model, data)
     assert not build_optimizer(model, cfg.training).state
 
 
@@ -235,19 +235,19 @@ def test_cache_off_always_probes(cache_dir, probe_steps):
 
 def test_cache_key_holds_what_changes_memory(cache_dir):
     cfg = tiny_cfg(cache_dir)
-    model, _, device, preset, precision = parts(cfg)
-    key = batch_cache.cache_key(cfg, model, device, preset, precision)
+    ctx, model, _ = parts(cfg)
+    key = batch_cache.cache_key(ctx, model)
     assert {"device", "model", "seq_len", "precision", "gradient_checkpointing", "compile"} <= set(
         key
     )
     assert {"optimizer", "torch", "faults"} <= set(key)
     base = batch_cache.key_hash(key)
     for change in ("model.gradient_checkpointing=true", "faults.oom_above_micro_batch=3"):
-        other = batch_cache.cache_key(tiny_cfg(cache_dir, change), model, device, preset, precision)
+        ctx.cfg = tiny_cfg(cache_dir, change)
+        other = batch_cache.cache_key(ctx, model)
         assert batch_cache.key_hash(other) != base, change
-    same = batch_cache.cache_key(
-        tiny_cfg(cache_dir, "training.effective_batch_size=64"), model, device, preset, precision
-    )
+    ctx.cfg = tiny_cfg(cache_dir, "training.effective_batch_size=64")
+    same = batch_cache.cache_key(ctx, model)
     assert batch_cache.key_hash(same) == base  # the effective batch does not change memory per step
 
 

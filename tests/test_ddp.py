@@ -74,11 +74,11 @@ def test_each_rank_evaluates_its_share_and_the_sums_make_the_whole(monkeypatch):
 
     sums, seen = [], []
     monkeypatch.setattr(loop, "all_reduce_sum", lambda t, info: (sums.append(t.clone()), t)[1])
-    real_loss_sum = loop.loss_sum
+    real_eval_sums = loop.eval_sums
     monkeypatch.setattr(
         loop,
-        "loss_sum",
-        lambda run, x, y, m=None: (seen.append(len(x)), real_loss_sum(run, x, y, m))[1],
+        "eval_sums",
+        lambda run, x, y, m: (seen.append(len(x)), real_eval_sums(run, x, y, m))[1],
     )
     for rank in (0, 1):
         run.dist = DistInfo(rank=rank, world_size=2)

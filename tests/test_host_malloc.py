@@ -76,16 +76,17 @@ def test_without_glibc_nothing_is_applied(monkeypatch):
 
 def test_a_training_run_applies_its_policy_before_loading_data(monkeypatch, tmp_path):
     import app.runner as runner
+    from app.tasks.causal_lm import CausalLM
 
     calls = []
     monkeypatch.setattr(runner, "apply_host_malloc", lambda policy: calls.append(policy))
-    real_load = runner.load_token_data
+    real_load = CausalLM.load_data
 
-    def load(cfg):
+    def load(self, cfg):
         assert calls == ["default"], "the policy must be in force before the data allocates"
-        return real_load(cfg)
+        return real_load(self, cfg)
 
-    monkeypatch.setattr(runner, "load_token_data", load)
+    monkeypatch.setattr(CausalLM, "load_data", load)
     cfg = compose(tiny(tmp_path, "training.host_malloc=default", "training.max_steps=1"))
     runner.run_training(cfg, tmp_path / "run")
     assert calls == ["default"]

@@ -10,8 +10,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from app.distributed import DistInfo
 from app.hardware.devices import PRESET_DIR, DeviceInfo, load_presets
-from app.loop import Throughput, _log_window
+from app.loop import Throughput, Window, _log_window
 from app.model import model_shape
 from app.telemetry import flops_per_token, mfu
 
@@ -148,25 +149,25 @@ def fake_run(history: list) -> SimpleNamespace:
         plan=SimpleNamespace(effective_batch_size=4, micro_batch_size=2, grad_accum_steps=2),
         device=torch.device("cpu"),
         history=history,
-        logger=None,
-        flops_per_token=1000,
-        peak_tflops=None,  # CPU: no peak
-        dist=SimpleNamespace(world_size=1),
+        observers=SimpleNamespace(logger=None),
+        facts=SimpleNamespace(flops_per_token=1000, peak_tflops=None),  # CPU: no peak
+        dist=DistInfo(),
     )
 
 
 def test_log_window_on_cpu_reports_rss_and_no_mfu() -> None:
     history: list = []
-    window = {"loss": torch.tensor(20.0), "tokens": 10, "steps": 2}
+    window = Window(torch.tensor(20.0), units=10, tokens=256, steps=2, grad_norm=torch.tensor(0.5))
     summary: dict = {}
     meter = Throughput()
-    _log_window(fake_run(history), 2, window, meter, torch.tensor(0.5), 128, summary, None)
+    _log_window(fake_run(history), 2, window, meter, summary, None)
     row = history[-1]
     assert row["train/loss"] == pytest.approx(2.0)
     assert row["train/mfu"] is None
     assert row["system/peak_rss_mb"] > 10
     assert row["train/tokens_per_sec"] > 0
-    assert window["steps"] == 0 and float(window["loss"]) == 0.0
+    assert row["train/grad_norm"] == pytest.approx(0.5)
+    assert window.steps == 0 and float(window.loss) == 0.0
 
 
 @pytest.mark.slow

@@ -23,9 +23,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from app.atomic import atomic_write_text
-from app.hardware.devices import DeviceInfo
+from app.context import RunContext
 from app.hardware.memory import host_memory_bytes
-from app.hardware.precision import PrecisionPlan
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1
@@ -48,26 +47,22 @@ def fits_below_failure(trials: Trials, limit: float, upper: int) -> tuple[list[i
     return fits, first_fail
 
 
-def cache_key(
-    cfg: DictConfig,
-    model: torch.nn.Module,
-    device: DeviceInfo,
-    preset: DictConfig,
-    precision: PrecisionPlan,
-) -> dict[str, Any]:
+def cache_key(ctx: RunContext, model: torch.nn.Module) -> dict[str, Any]:
     """Everything that changes the memory a micro-batch needs (not the effective batch)."""
     import transformers
 
+    cfg, device, preset = ctx.cfg, ctx.device, ctx.preset
     m = cfg.model
     fused = cfg.training.fused_adamw
     return {
         "version": CACHE_VERSION,
         "device": [device.type, device.name, device.total_memory_bytes or host_memory_bytes()],
+        "task": ctx.task.name,
         "model": OmegaConf.to_container(m, resolve=True),
         "num_params": sum(p.numel() for p in model.parameters()),
         "vocab_size": getattr(model.config, "vocab_size", None),
-        "seq_len": cfg.data.seq_len,
-        "precision": precision.name,
+        "seq_len": ctx.task.sequence_length(cfg.data),
+        "precision": ctx.precision.name,
         "gradient_checkpointing": bool(m.gradient_checkpointing),
         "compile": [bool(preset.compile if m.compile is None else m.compile), m.compile_mode],
         "optimizer": ["adamw", True if fused is None else bool(fused)],

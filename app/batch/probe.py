@@ -57,14 +57,15 @@ from app.batch.cache import (
 )
 from app.batch.faults import FaultInjector
 from app.batch.plan import BatchPlan, fixed_plan
+from app.context import RunContext
 from app.distributed import DistInfo
 from app.hardware.devices import DeviceInfo
 from app.hardware.memory import host_memory_bytes
-from app.hardware.precision import PrecisionPlan
-from app.loop import Run, inputs_and_targets, loss_sum, release_after_oom, train_step
+from app.loop import Run, eval_sums, release_after_oom, train_step
 from app.model import maybe_compile
 from app.optim import build_optimizer, build_scheduler
 from app.outcomes import TrainingOOM
+from app.tasks.base import TaskData, move
 
 log = logging.getLogger(__name__)
 TIE = 0.03  # samples/s within 3% count as a tie (timing noise): the larger micro-batch wins
@@ -75,28 +76,21 @@ TIMED_SIZES = 3  # split sizes timed near the top
 # Entry points
 
 
-def auto_plan(
-    cfg: DictConfig,
-    model: torch.nn.Module,
-    data: Any,
-    device: DeviceInfo,
-    preset: DictConfig,
-    precision: PrecisionPlan,
-    dist: DistInfo,
-) -> BatchPlan:
+def auto_plan(ctx: RunContext, model: torch.nn.Module, data: TaskData) -> BatchPlan:
+    cfg, dist, device = ctx.cfg, ctx.dist, ctx.device
     t, ab = cfg.training, cfg.training.auto_batch
     base = fixed_plan(t.effective_batch_size, 1, dist.world_size, dist.rank)  # validates
     per_rank = base.per_rank_batch
     cap = ab.cpu_max_micro_batch if device.type == "cpu" else ab.max_micro_batch
     upper = max(1, min(per_rank, cap))
-    limit = memory_limit(device, preset, ab)
-    key = cache_key(cfg, model, device, preset, precision)
+    limit = memory_limit(device, ctx.preset, ab)
+    key = cache_key(ctx, model)
     path = cache_path(cfg, key) if ab.cache else None
     entry = read_entry(path, key) if path else None
     if entry is not None and covers(entry, upper, limit):
         trials, source, stats = entry["trials"], "cached", {"probe_seconds": 0.0, "probe_steps": 0}
     else:
-        probe = Probe(cfg, model, data, device, preset, precision, limit)
+        probe = Probe(ctx, model, data, limit)
         trials = probe.run(upper, per_rank, throughput_aware=ab.throughput_aware)
         source, stats = "probed", probe.stats()
         if path is not None and dist.is_main:
@@ -115,18 +109,12 @@ def auto_plan(
     return plan
 
 
-def oom_listener(
-    cfg: DictConfig,
-    model: torch.nn.Module,
-    device: DeviceInfo,
-    preset: DictConfig,
-    precision: PrecisionPlan,
-) -> Callable[[BatchPlan], None] | None:
+def oom_listener(ctx: RunContext, model: torch.nn.Module) -> Callable[[BatchPlan], None] | None:
     """A Run.on_plan_change callback that teaches the cache the micro-batch that ran out."""
-    if not cfg.training.auto_batch.cache:
+    if not ctx.cfg.training.auto_batch.cache:
         return None
-    key = cache_key(cfg, model, device, preset, precision)
-    path = cache_path(cfg, key)
+    key = cache_key(ctx, model)
+    path = cache_path(ctx.cfg, key)
 
     def learn(plan: BatchPlan) -> None:
         failed = plan.details.get("reduced_from")
@@ -276,22 +264,15 @@ class Budget:
 
 class Probe:
     def __init__(
-        self,
-        cfg: DictConfig,
-        model: torch.nn.Module,
-        data: Any,
-        device: DeviceInfo,
-        preset: DictConfig,
-        precision: PrecisionPlan,
-        limit: float,
+        self, ctx: RunContext, model: torch.nn.Module, data: TaskData, limit: float
     ) -> None:
-        ab = cfg.training.auto_batch
-        self.cfg, self.model, self.data, self.device = cfg, model, data, device
-        self.preset, self.precision, self.limit = preset, precision, limit
+        ab = ctx.cfg.training.auto_batch
+        self.ctx, self.cfg, self.model, self.data = ctx, ctx.cfg, model, data
+        self.device, self.limit = ctx.device, limit
         self.budget = Budget(ab.max_probe_steps, ab.max_probe_seconds)
         self.trials: Trials = {}
         self.last: tuple[int, float] | None = None  # (micro, seconds) of the last candidate
-        self.meter = MemoryMeter(device)
+        self.meter = MemoryMeter(ctx.device)
 
     def stats(self) -> dict[str, Any]:
         return {"probe_seconds": self.budget.elapsed, "probe_steps": self.budget.steps}
@@ -314,21 +295,22 @@ class Probe:
         return self.trials
 
     def _probe_run(self) -> Run:
-        cfg, tdev = self.cfg, self.device.torch_device
+        cfg, tdev, precision = self.cfg, self.device.torch_device, self.ctx.precision
         optimizer = build_optimizer(self.model, cfg.training)
         return Run(
-            model=maybe_compile(self.model, cfg.model, self.preset),
+            model=maybe_compile(self.model, cfg.model, self.ctx.preset),
             raw_model=self.model,
             optimizer=optimizer,
             scheduler=build_scheduler(optimizer, cfg.training),
             plan=BatchPlan(1, 1),
-            precision=self.precision,
+            precision=precision,
             device=tdev,
             cfg=cfg.training,
             steps=iter(()),
             val_blocks=self.data.val[:1],
             run_dir=Path("."),
-            scaler=torch.amp.GradScaler(tdev.type) if self.precision.use_grad_scaler else None,
+            task=self.ctx.task,
+            scaler=torch.amp.GradScaler(tdev.type) if precision.use_grad_scaler else None,
             faults=FaultInjector(cfg.faults),
         )
 
@@ -391,19 +373,19 @@ class Probe:
     def _steps(self, micro: int, warmup: int, timed: int) -> dict[str, Any]:
         run = self.probe_run
         run.plan = BatchPlan(micro, micro)
-        blocks = tile(self.data.train, micro)
+        batch = run.task.worst_case(self.data.train, micro)
         self.meter.reset()
         fastest, error = math.inf, None
         try:
             for i in range(warmup + timed):
                 t0 = time.perf_counter()
                 self.budget.steps += 1
-                train_step(run, blocks, 0)  # step 0: faults honour oom_from_step like the run
+                train_step(run, batch, 0)  # step 0: faults honour oom_from_step like the run
                 self.meter.sync()
                 if i >= warmup:
                     # The fastest step, not the mean: on a shared machine preemption only adds.
                     fastest = min(fastest, time.perf_counter() - t0)
-            eval_micro_batch(run, tile(self.data.val, micro))
+            eval_micro_batch(run, run.task.worst_case(self.data.val, micro))
         except torch.OutOfMemoryError as exc:
             error = str(exc).splitlines()[0]
         if error is not None:
@@ -418,19 +400,14 @@ class Probe:
 
 
 @torch.no_grad()
-def eval_micro_batch(run: Run, blocks: torch.Tensor) -> None:
+def eval_micro_batch(run: Run, batch: Any) -> None:
     run.model.eval()
     try:
-        run.faults.check("eval", len(blocks), 0)
-        x, y = inputs_and_targets(blocks)
-        loss_sum(run, x.to(run.device), y.to(run.device))
+        x, y = run.task.inputs_and_targets(batch)
+        run.faults.check("eval", len(y), 0)
+        eval_sums(run, move(x, run.device), y.to(run.device), run.model)
     finally:
         run.model.train()
-
-
-def tile(blocks: torch.Tensor, n: int) -> torch.Tensor:
-    """n full-length blocks, repeating when the split has fewer."""
-    return blocks[torch.arange(n) % len(blocks)]
 
 
 @contextlib.contextmanager

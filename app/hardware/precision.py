@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -71,3 +72,10 @@ def apply_precision_flags(plan: PrecisionPlan) -> None:
     """TF32 is a process-wide switch; set it explicitly so a previous run's choice never leaks."""
     torch.set_float32_matmul_precision("high" if plan.tf32 else "highest")
     torch.backends.cudnn.allow_tf32 = plan.tf32
+
+
+def autocast(plan: PrecisionPlan, device: torch.device) -> contextlib.AbstractContextManager:
+    """The autocast region of a forward pass (none for fp32 and TF32)."""
+    if plan.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=plan.autocast_dtype)

@@ -1,0 +1,27 @@
+"""What the runner resolves before it builds a run, in one typed home.
+
+The device, the preset that applies to it, the precision resolved for it, the torchrun ranks and
+the task travel together from the runner into the micro-batch probe and its cache key; the
+config slices stay plain settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from app.distributed import DistInfo
+from app.hardware.devices import DeviceInfo
+from app.hardware.precision import PrecisionPlan
+from app.tasks.base import Task
+
+
+@dataclass
+class RunContext:
+    cfg: DictConfig  # the composed config
+    device: DeviceInfo
+    preset: DictConfig  # the gpu preset that applies to this device
+    precision: PrecisionPlan
+    dist: DistInfo
+    task: Task

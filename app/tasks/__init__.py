@@ -1,0 +1,18 @@
+"""Tasks: the one place a task's name is turned into its implementation (see base.py)."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from app.tasks.base import Metric, Task, TaskData
+from app.tasks.causal_lm import CausalLM
+
+TASKS: dict[str, type] = {"causal_lm": CausalLM}
+
+__all__ = ["TASKS", "Metric", "Task", "TaskData", "build_task"]
+
+
+def build_task(task_cfg: DictConfig | None) -> Task:
+    """The task a config names (causal LM when it names none: configs older than tasks)."""
+    name = "causal_lm" if task_cfg is None else task_cfg.name
+    return TASKS[name](task_cfg)

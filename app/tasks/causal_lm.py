@@ -1,0 +1,88 @@
+"""Causal language modelling: packed token blocks in, next-token cross-entropy out.
+
+A block is `seq_len + 1` tokens (input = block[:-1], target = block[1:]); a negative token marks
+padding, which is neither an input nor a target. The loss of an optimizer step is the mean over
+the target tokens of the whole step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from app.tasks.base import Metric, TaskData
+
+IGNORE = -100
+
+
+class CausalLM:
+    name = "causal_lm"
+    unit = "target token"
+    metrics = (Metric("loss", "minimize"),)
+
+    def __init__(self, cfg: DictConfig | None = None) -> None:
+        self.cfg = cfg  # the task node: nothing causal LM needs beyond the data and model
+
+    def load_data(self, data_cfg: DictConfig) -> TaskData:
+        from app.data.tokens import load_token_data
+
+        data = load_token_data(data_cfg)
+        return TaskData(
+            train=data.train,
+            val=data.val,
+            vocab_size=data.vocab_size,
+            tokenizer_name=data.tokenizer_name,
+            pad_id=data.pad_id,
+        )
+
+    def sequence_length(self, data_cfg: DictConfig) -> int:
+        return data_cfg.seq_len
+
+    def build_model(self, model_cfg: DictConfig, data: TaskData) -> torch.nn.Module:
+        from app.model import build_model
+
+        return build_model(model_cfg, data.vocab_size)
+
+    def inputs_and_targets(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = blocks[:, :-1], blocks[:, 1:]
+        return x.clamp_min(0), y.where(y >= 0, IGNORE)
+
+    def units(self, targets: torch.Tensor) -> int:
+        return int((targets != IGNORE).sum())
+
+    def tokens(self, inputs: torch.Tensor) -> int:
+        return inputs.numel()
+
+    def micro_batches(
+        self, inputs: torch.Tensor, targets: torch.Tensor, sizes: Sequence[int]
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        offset = 0
+        for n in sizes:
+            yield inputs[offset : offset + n], targets[offset : offset + n]
+            offset += n
+
+    def loss_sum(
+        self, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        logits = model(input_ids=inputs).logits
+        return F.cross_entropy(
+            logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+        )
+
+    def eval_sums(
+        self, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        loss = self.loss_sum(model, inputs, targets).double()
+        return torch.stack([loss, (targets != IGNORE).sum().double()])
+
+    def eval_metrics(self, totals: Sequence[float]) -> dict[str, float]:
+        loss = totals[0] / max(totals[1], 1.0)
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+
+    def worst_case(self, blocks: torch.Tensor, n: int) -> torch.Tensor:
+        # Packed blocks are all full length: any n of them (repeated if there are fewer).
+        return blocks[torch.arange(n) % len(blocks)]
