@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from app.config import sequence_key
 from app.hardware.memory import host_memory_bytes
 from app.model_size import estimate_parameters
 from app.validation import ConfigError
@@ -82,7 +83,11 @@ def check_local_paths(cfg: DictConfig) -> None:
 
 
 def check_vocab(cfg: DictConfig) -> None:
-    if cfg.data.tokenizer == "byte" and cfg.model.arch != "pretrained":
+    if (
+        cfg.task.name == "causal_lm"
+        and cfg.data.tokenizer == "byte"
+        and cfg.model.arch != "pretrained"
+    ):
         vocab = cfg.model.vocab_size
         if vocab is not None and vocab < 256:
             raise ConfigError(
@@ -125,14 +130,16 @@ def check_text_file(path: str | Path) -> None:
 
 def check_step_batch(cfg: DictConfig, host_bytes: int) -> None:
     """One optimizer step's token ids must fit comfortably in host memory."""
-    step_bytes = cfg.training.effective_batch_size * (cfg.data.seq_len + 1) * 8
+    key = sequence_key(cfg.task.name)
+    width = cfg.data[key] + 1
+    step_bytes = cfg.training.effective_batch_size * width * 8
     allowed = STEP_BATCH_HOST_FRACTION * host_bytes
     if step_bytes > allowed:
         raise ConfigError(
             f"training.effective_batch_size={cfg.training.effective_batch_size}: one optimizer "
-            f"step holds {step_bytes / GIB:,.1f} GiB of token ids (x {cfg.data.seq_len + 1} "
+            f"step holds {step_bytes / GIB:,.1f} GiB of token ids (x {width} "
             f"tokens x 8 bytes), more than {allowed / GIB:.1f} GiB (a tenth of this machine's "
-            f"{host_bytes / GIB:.1f} GiB); lower it or data.seq_len"
+            f"{host_bytes / GIB:.1f} GiB); lower it or data.{key}"
         )
 
 

@@ -16,9 +16,17 @@ from omegaconf import MISSING, DictConfig
 from app.validation import ConfigError, check_bounds, check_known_keys
 
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
-TASK_NAMES = ("causal_lm",)  # app/tasks/__init__.py
-MODEL_ARCHS = ("gpt2", "llama", "pretrained")
-DATA_SOURCES = ("builtin", "text_files", "synthetic")
+TASK_NAMES = ("causal_lm", "classification")  # app/tasks/__init__.py
+# Which model.arch and data.source each task accepts (pretrained: a checkpoint of either kind).
+TASK_ARCHS = {
+    "causal_lm": ("gpt2", "llama", "pretrained"),
+    "classification": ("deberta_v2", "bert", "roberta", "pretrained"),
+}
+MODEL_ARCHS = tuple(dict.fromkeys(a for archs in TASK_ARCHS.values() for a in archs))
+TASK_SOURCES = {
+    "causal_lm": ("builtin", "text_files", "synthetic"),
+    "classification": ("builtin", "datasets"),
+}
 SCHEDULES = ("cosine", "linear", "constant")
 FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
 HOST_MALLOC_POLICIES = ("retain", "default")  # app/hardware/host_malloc.py
@@ -70,13 +78,27 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     name: str = MISSING
-    source: str = "builtin"  # builtin | text_files | synthetic
-    paths: list[str] = field(default_factory=list)  # files or globs for source=text_files
+    # builtin (the task's generated corpus) | text_files | synthetic (causal LM)
+    # | datasets (classification: files or a dataset through the `datasets` library)
+    source: str = "builtin"
+    paths: list[str] = field(default_factory=list)  # files or globs (text_files, datasets)
     tokenizer: str = "byte"  # byte | train | <local path or hub name>
     tokenizer_vocab_size: int = 2048  # for tokenizer=train
-    seq_len: int = 128  # block size: tokens per packed sequence
+    seq_len: int = 128  # causal LM: block size, tokens per packed sequence
     val_fraction: float = 0.05
-    builtin_num_docs: int = 4000  # size of the generated corpus (source=builtin)
+    builtin_num_docs: int = 4000  # size of the generated corpus (source=builtin): docs or rows
+    # Labelled data (task=classification): app/data/labelled.py
+    val_paths: list[str] = field(default_factory=list)  # a validation set of files of its own
+    dataset: str | None = None  # a save_to_disk directory or a hub name (source=datasets)
+    dataset_config: str | None = None  # the hub dataset's configuration, e.g. mnli of glue
+    train_split: str = "train"
+    val_split: str = "validation"  # held out from train by val_fraction when absent
+    text_column: str = "text"
+    text_pair_column: str | None = "text_pair"  # null for single texts
+    label_column: str = "label"
+    max_length: int = 128  # tokens per sample after truncation (pairs: both texts)
+    length_grouping: bool = True  # steps of similar lengths: less padding
+    group_steps: int = 50  # ... sorted within groups of this many steps' samples
     synthetic_num_tokens: int = 2_000_000  # source=synthetic
     cache_dir: str = "${oc.env:HYDRATRAIN_CACHE,.cache/hydratrain}"
     num_workers: Any = "auto"  # auto | int
@@ -136,7 +158,9 @@ class TrainingConfig:
 class TaskConfig:
     """What is learned (app/tasks/): the loss, its unit, the metrics, the model head."""
 
-    name: str = "causal_lm"  # causal_lm
+    name: str = "causal_lm"  # causal_lm | classification
+    label_smoothing: float = 0.0  # classification training loss (evaluation: plain CE)
+    labels: list[str] | None = None  # classification: label names in id order; null: the data's
 
 
 @dataclass
@@ -185,7 +209,8 @@ def validate(cfg: DictConfig) -> None:
     _one_of("precision", cfg.precision.name, PRECISIONS)
     _one_of("gpu.device_type", cfg.gpu.device_type, ("auto", "cuda", "cpu"))
     _validate_preset_precision(cfg.gpu, cfg.precision.name)
-    _validate_model(cfg.model, cfg.data)
+    _validate_task_fit(cfg.task.name, cfg.model, cfg.data)
+    _validate_model(cfg.model, cfg.data, sequence_key(cfg.task.name))
     _validate_data(cfg.data)
     _validate_training(cfg.training)
     _validate_faults(cfg.faults)
@@ -203,7 +228,31 @@ def _validate_preset_precision(gpu: DictConfig, requested: str) -> None:
     _one_of("gpu.precision", gpu.precision, PRECISIONS)
 
 
-def _validate_model(m: DictConfig, d: DictConfig) -> None:
+def sequence_key(task: str) -> str:
+    """The data setting that bounds a sample's length: seq_len (blocks) or max_length (rows)."""
+    return "seq_len" if task == "causal_lm" else "max_length"
+
+
+def _validate_task_fit(task: str, m: DictConfig, d: DictConfig) -> None:
+    archs, sources = TASK_ARCHS[task], TASK_SOURCES[task]
+    _one_of("model.arch", m.arch, MODEL_ARCHS)
+    _one_of(
+        "data.source", d.source, tuple(dict.fromkeys(s for v in TASK_SOURCES.values() for s in v))
+    )
+    if m.arch not in archs:
+        kind = "a causal LM" if m.arch in TASK_ARCHS["causal_lm"] else "a classifier"
+        raise ConfigError(
+            f"model.arch={m.arch!r} is {kind}, not a model for task={task}; "
+            f"choose one of: {', '.join(archs)}"
+        )
+    if d.source not in sources:
+        raise ConfigError(
+            f"data.source={d.source!r} does not serve task={task}; choose one of: "
+            f"{', '.join(sources)}"
+        )
+
+
+def _validate_model(m: DictConfig, d: DictConfig, seq_key: str) -> None:
     _one_of("model.arch", m.arch, MODEL_ARCHS)
     _one_of("model.attn_implementation", m.attn_implementation, ATTN_IMPLEMENTATIONS)
     _one_of("model.compile_mode", m.compile_mode, COMPILE_MODES)
@@ -218,10 +267,10 @@ def _validate_model(m: DictConfig, d: DictConfig) -> None:
         )
     if m.n_kv_head is not None and m.n_head % m.n_kv_head:
         raise ConfigError(f"model.n_kv_head={m.n_kv_head} must divide model.n_head={m.n_head}")
-    if d.seq_len > m.max_position_embeddings:
+    if d[seq_key] > m.max_position_embeddings:
         raise ConfigError(
-            f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings="
-            f"{m.max_position_embeddings}; use data.seq_len<={m.max_position_embeddings}"
+            f"data.{seq_key}={d[seq_key]} exceeds model.max_position_embeddings="
+            f"{m.max_position_embeddings}; use data.{seq_key}<={m.max_position_embeddings}"
         )
 
 
@@ -234,9 +283,13 @@ def _divisors(n: int) -> list[int]:
 
 
 def _validate_data(d: DictConfig) -> None:
-    _one_of("data.source", d.source, DATA_SOURCES)
     if d.source == "text_files" and not d.paths:
         raise ConfigError("data.paths is empty; data.source=text_files needs files or globs")
+    if d.source == "datasets" and not (d.paths or d.dataset):
+        raise ConfigError(
+            "data.source=datasets needs data.paths (JSONL, CSV or Parquet files) or "
+            "data.dataset (a save_to_disk directory or a hub name)"
+        )
     if d.num_workers != "auto" and not _is_count(d.num_workers):
         raise ConfigError(f"data.num_workers={d.num_workers!r} must be auto or an integer >= 0")
 

@@ -182,7 +182,13 @@ def step_loader(ctx: RunContext, data: TaskData, plan: BatchPlan, start_step: in
     cfg, dist, device = ctx.cfg, ctx.dist, ctx.device
     d = cfg.data
     dataset = StepDataset(
-        data.train, plan.effective_batch_size, d.seed, rank=dist.rank, world_size=dist.world_size
+        data.train,
+        plan.effective_batch_size,
+        d.seed,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        lengths=data.train_lengths if d.length_grouping else None,
+        group_steps=d.group_steps,
     )
     on_cuda = device.type == "cuda"
     return make_step_loader(
@@ -217,6 +223,7 @@ def describe_run(run: Run, ctx: RunContext) -> dict[str, Any]:
         "peak_tflops": run.facts.peak_tflops,
         "resumed_from_step": run.start_step,
         "warnings": device.warnings,
+        **ctx.task.summary_fields(),
     }
 
 

@@ -105,6 +105,9 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("data.builtin_num_docs", low=2, integer=True),
     Bound("data.synthetic_num_tokens", low=2, integer=True),
     positive_int("data.prefetch_factor"),
+    Bound("data.max_length", low=2, integer=True),  # at least [CLS] and [SEP]
+    positive_int("data.group_steps"),
+    Bound("task.label_smoothing", 0.0, 1.0, high_open=True),
     count("data.seed"),
     positive_int("training.effective_batch_size"),
     positive_int("training.max_steps"),

@@ -2,12 +2,19 @@
 
 The sample order is a pure function of (seed, step), so resuming at step s, or redoing step s
 after an out-of-memory error, sees exactly the samples an uninterrupted run would have seen.
+
+Length-grouped sampling (samples of different lengths, padded per micro-batch): each epoch's
+permutation is cut into groups of `group` samples and each group is sorted by length, longest
+first, as the transformers Trainer's `group_by_length` does with its megabatches. Consecutive
+samples, and so the samples of a step, then have similar lengths and need little padding; the
+order is still a pure function of (seed, epoch), so resume and OOM redo stay exact.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,34 +29,51 @@ def _epoch_permutation(num_blocks: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed + epoch))
 
 
+def grouped_by_length(order: torch.Tensor, lengths: torch.Tensor, group: int) -> torch.Tensor:
+    """`order` with each run of `group` samples sorted by length, longest first (stable)."""
+    parts = []
+    for start in range(0, len(order), group):
+        chunk = order[start : start + group]
+        parts.append(chunk[torch.sort(lengths[chunk], descending=True, stable=True).indices])
+    return torch.cat(parts)
+
+
 def step_sample_indices(
-    num_blocks: int, samples_per_step: int, step: int, seed: int
+    num_blocks: int,
+    samples_per_step: int,
+    step: int,
+    seed: int,
+    epoch_order: Callable[[int], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Block indices of optimizer step `step`: global samples [step*n, (step+1)*n) of the
-    epoch-wise permuted stream, wrapping into the next epoch's permutation."""
+    """Sample indices of optimizer step `step`: global samples [step*n, (step+1)*n) of the
+    epoch-wise permuted stream, wrapping into the next epoch's permutation. `epoch_order`
+    gives an epoch's order (default: a plain permutation)."""
+    order = epoch_order or (lambda epoch: _epoch_permutation(num_blocks, seed, epoch))
     pos, end = step * samples_per_step, (step + 1) * samples_per_step
     parts = []
     while pos < end:
         epoch, offset = divmod(pos, num_blocks)
         take = min(end - pos, num_blocks - offset)
-        parts.append(_epoch_permutation(num_blocks, seed, epoch)[offset : offset + take])
+        parts.append(order(epoch)[offset : offset + take])
         pos += take
     return torch.cat(parts)
 
 
 class StepDataset(Dataset):
-    """Item `step` = the sample blocks of optimizer step `step` for this rank.
-
-    Each item is int64 [n, seq_len + 1], n = this rank's share of `samples_per_step`.
-    """
+    """Item `step` = the samples of optimizer step `step` for this rank: `blocks[indices]`
+    (int64 [n, seq_len + 1] packed blocks, or padded rows), n = this rank's share of
+    `samples_per_step`. With `lengths`, the order is length-grouped in groups of
+    `group_steps` steps' samples."""
 
     def __init__(
         self,
-        blocks: torch.Tensor,
+        blocks: Any,
         samples_per_step: int,
         seed: int,
         rank: int = 0,
         world_size: int = 1,
+        lengths: torch.Tensor | None = None,
+        group_steps: int = 50,
     ) -> None:
         if samples_per_step < world_size:
             raise ValueError(
@@ -63,12 +87,26 @@ class StepDataset(Dataset):
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        self.lengths = lengths
+        self.group = group_steps * samples_per_step
+        self._orders: dict[int, torch.Tensor] = {}  # epoch -> grouped order (the last two)
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        order = _epoch_permutation(len(self.blocks), self.seed, epoch)
+        if self.lengths is None:
+            return order
+        if epoch not in self._orders:
+            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
+            self._orders[epoch] = grouped_by_length(order, self.lengths, self.group)
+        return self._orders[epoch]
 
     def step_indices(self, step: int) -> torch.Tensor:
-        idx = step_sample_indices(len(self.blocks), self.samples_per_step, step, self.seed)
+        idx = step_sample_indices(
+            len(self.blocks), self.samples_per_step, step, self.seed, self.epoch_order
+        )
         return idx[rank_slice(len(idx), self.rank, self.world_size)]
 
-    def __getitem__(self, step: int) -> torch.Tensor:
+    def __getitem__(self, step: int) -> Any:
         return self.blocks[self.step_indices(step)]
 
 

@@ -220,17 +220,22 @@ def _train_bpe(texts: list[str], vocab_size: int) -> Any:
     return tok
 
 
-def _pretrained_tokenizer(name: str) -> TextTokenizer:
+def load_hf_tokenizer(name: str) -> Any:
+    """A transformers tokenizer by local path or hub name; one line naming data.tokenizer."""
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(name)
     except Exception as e:  # hub/IO/parse errors all mean the same thing to the user
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
             f"data.tokenizer={name!r} could not be loaded ({first_line}); use byte, train, "
             "a local tokenizer directory or a hub name available offline"
         ) from e
+
+
+def _pretrained_tokenizer(name: str) -> TextTokenizer:
+    tok = load_hf_tokenizer(name)
     eos = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
 
     def encode_batch(texts: list[str]) -> list[list[int]]:
@@ -305,7 +310,7 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _file_fingerprints(files: list[str]) -> list[list[Any]]:
+def file_fingerprints(files: list[str]) -> list[list[Any]]:
     return [[f, (st := os.stat(f)).st_size, st.st_mtime_ns] for f in files]
 
 
@@ -319,7 +324,7 @@ def _text_identity(cfg: DictConfig, files: list[str]) -> dict[str, Any]:
     if cfg.source == "builtin":
         ident.update(num_docs=cfg.builtin_num_docs, corpus_version=CORPUS_VERSION)
     else:
-        ident["files"] = _file_fingerprints(files)
+        ident["files"] = file_fingerprints(files)
     return ident
 
 
@@ -335,7 +340,7 @@ def _tokenizer_identity(cfg: DictConfig) -> Any:
         return ["train", cfg.tokenizer_vocab_size]
     local = Path(cfg.tokenizer)
     if local.is_dir():
-        return [os.path.abspath(local), _file_fingerprints(sorted(map(str, local.iterdir())))]
+        return [os.path.abspath(local), file_fingerprints(sorted(map(str, local.iterdir())))]
     return cfg.tokenizer  # a hub name: assume a given name keeps its tokenizer
 
 

@@ -6,8 +6,9 @@ from omegaconf import DictConfig
 
 from app.tasks.base import Metric, Task, TaskData
 from app.tasks.causal_lm import CausalLM
+from app.tasks.classification import SequenceClassification
 
-TASKS: dict[str, type] = {"causal_lm": CausalLM}
+TASKS: dict[str, type] = {"causal_lm": CausalLM, "classification": SequenceClassification}
 
 __all__ = ["TASKS", "Metric", "Task", "TaskData", "build_task"]
 

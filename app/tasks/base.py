@@ -87,6 +87,10 @@ class Task(Protocol):
         """n samples as large as any the run will see: what the micro-batch probe trains on."""
         ...
 
+    def summary_fields(self) -> dict[str, Any]:
+        """What summary.json records about the task once its data is loaded (label names...)."""
+        ...
+
 
 def move(inputs: Any, device: torch.device) -> Any:
     """Inputs to the device: a tensor or a task's batch type, both with `.to()`."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +83,9 @@ class CausalLM:
     def eval_metrics(self, totals: Sequence[float]) -> dict[str, float]:
         loss = totals[0] / max(totals[1], 1.0)
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {}
 
     def worst_case(self, blocks: torch.Tensor, n: int) -> torch.Tensor:
         # Packed blocks are all full length: any n of them (repeated if there are fewer).
