@@ -16,6 +16,7 @@ plugin is not installed: `hydra/sweeper=optuna` is ours. Changed from the origin
    and the harness's -Werror would turn Hydra's own warning into an error whatever the sweeper.
 4. Marked slow (they start Python processes).
 """
+
 import os
 import sys
 from pathlib import Path
@@ -63,7 +64,7 @@ class _impl:
 
     @staticmethod
     def create_params_from_overrides(arguments: List[str]) -> Any:
-        space = _space.parse_space([_space.Entry(a, a) for a in arguments])
+        space = _space.parse_space([_space.Entry.argument(a) for a in arguments])
         return space.distributions, space.fixed, space.deletions
 
 
@@ -86,9 +87,7 @@ def run_optuna_script(cmd: List[str]) -> None:
 
 
 def test_discovery() -> None:
-    assert OptunaSweeper.__name__ in [
-        x.__name__ for x in Plugins.instance().discover(Sweeper)
-    ]
+    assert OptunaSweeper.__name__ in [x.__name__ for x in Plugins.instance().discover(Sweeper)]
 
 
 def check_distribution(expected: BaseDistribution, actual: BaseDistribution) -> None:
@@ -307,10 +306,7 @@ def test_optuna_custom_search_space_example(tmpdir: Path) -> None:
     returns = OmegaConf.load(f"{tmpdir}/optimization_results.yaml")
     assert isinstance(returns, DictConfig)
     assert returns.name == "optuna"
-    assert (
-        abs(returns["best_params"]["x"] - returns["best_params"]["z"])
-        <= max_z_difference_from_x
-    )
+    assert abs(returns["best_params"]["x"] - returns["best_params"]["z"]) <= max_z_difference_from_x
     w = returns["best_params"]["+w"]
     assert 0 <= w <= 1
 

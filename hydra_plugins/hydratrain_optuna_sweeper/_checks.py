@@ -20,7 +20,7 @@ from app.preflight import one_line
 
 from ._errors import SweepConfigError
 from ._settings import SweepSettings
-from ._space import SearchSpace, ends, format_value
+from ._space import SearchSpace, ends
 
 Compose = Callable[[list[str]], DictConfig]
 
@@ -31,8 +31,7 @@ def check_space(compose: Compose, space: SearchSpace, config_name: str) -> DictC
     cfg = _job_config(compose, space, {}, config_name, "hydra.sweeper.params / overrides")
     for key, dist in space.distributions.items():
         for value in ends(dist):
-            where = f"{space.sources[key]}: {key}={format_value(value)}"
-            _job_config(compose, space, {key: value}, config_name, where)
+            _job_config(compose, space, {key: value}, config_name, space.shown[key])
     return cfg
 
 

@@ -156,7 +156,7 @@ def _space(s: SweepSettings, arguments: list[str]) -> SearchSpace:
     entries: list[Entry] = []
     for mapping, prefix in s.space_sources:
         entries += params_entries(mapping, prefix)
-    entries += [Entry(a, a) for a in arguments]
+    entries += [Entry.argument(a) for a in arguments]
     return parse_space(entries)
 
 

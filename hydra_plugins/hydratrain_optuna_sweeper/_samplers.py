@@ -22,6 +22,9 @@ from ._errors import SweepConfigError, first_line
 from .config import MOTPE_REMOVED, SAMPLERS
 
 ALIASES = {"nsga2": "nsgaii"}  # our earlier name
+# Fields that mean something only beside another: the stock cmaes config sets inc_popsize=2,
+# which sizes restarts, and Optuna >= 4.4 warns about it even with no restart_strategy.
+ONLY_WITH = {"inc_popsize": "restart_strategy"}
 # Step 0 is the untrained model (the trainer evaluates it): never prune there.
 PRUNER_DEFAULTS = {"median": {"n_startup_trials": 3, "n_warmup_steps": 1}}
 
@@ -94,7 +97,7 @@ def _effective(cls: type, kwargs: dict[str, Any], key: str) -> dict[str, Any]:
     params = _parameters(cls)
     out = {}
     for name, value in kwargs.items():
-        if value is None:
+        if value is None or (name in ONLY_WITH and kwargs.get(ONLY_WITH[name]) is None):
             continue
         if name not in params:
             known = ", ".join(p for p in params if p != "self")

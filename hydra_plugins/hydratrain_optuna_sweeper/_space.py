@@ -39,9 +39,18 @@ from ._errors import SweepConfigError, first_line
 class Entry:
     """One `key=expression` and the setting it came from (named in error lines)."""
 
-    source: str
+    source: str  # hydra.sweeper.params.KEY, hpo.params.KEY, or KEY (the command line)
     text: str
     drop: bool = False  # a null value: `text` is the key alone, and it is not searched
+
+    @classmethod
+    def argument(cls, text: str) -> Entry:
+        return cls(text.partition("=")[0].lstrip("~+"), text)
+
+    @property
+    def shown(self) -> str:
+        """`setting=expression`, as an error line names it."""
+        return f"{self.source}={self.text.partition('=')[2]}"
 
 
 @dataclass
@@ -51,7 +60,7 @@ class SearchSpace:
     choice_texts: dict[str, dict[Any, str]] = field(default_factory=dict)
     fixed: dict[str, str] = field(default_factory=dict)  # key -> value text
     deletions: list[str] = field(default_factory=list)  # ~key overrides, passed to every job
-    sources: dict[str, str] = field(default_factory=dict)  # key -> the setting that set it
+    shown: dict[str, str] = field(default_factory=dict)  # key -> setting=expression
 
     def override(self, key: str, value: Any) -> str:
         """`key=value` as Hydra parses it back to `value`."""
@@ -64,7 +73,7 @@ class SearchSpace:
     def grid(self) -> dict[str, list[Any]]:
         """The values GridSampler visits, as the stock sweeper builds them (its range ends
         *before* the upper end, unlike the other samplers)."""
-        return {k: _grid_values(self.sources[k], d) for k, d in self.distributions.items()}
+        return {k: _grid_values(self.shown[k], d) for k, d in self.distributions.items()}
 
 
 def params_entries(params: Mapping[str, Any] | None, prefix: str) -> list[Entry]:
@@ -93,9 +102,9 @@ def parse_space(entries: list[Entry]) -> SearchSpace:
             space.deletions.append(entry.text)
         elif override.is_sweep_override():
             space.fixed.pop(key, None)
-            space.distributions[key], texts = _distribution(entry.source, override)
+            space.distributions[key], texts = _distribution(entry.shown, override)
             space.choice_texts[key] = texts
-            space.sources[key] = entry.source
+            space.shown[key] = entry.shown
         else:
             space.distributions.pop(key, None)
             space.fixed[key] = override.get_value_element_as_str()
@@ -112,12 +121,10 @@ def _parse_one(parser: OverridesParser, entry: Entry) -> Override:
     try:
         return parser.parse_overrides([entry.text])[0]
     except HydraException as e:
-        raise SweepConfigError(
-            f"{entry.source}: cannot parse {entry.text!r}: {first_line(e)}"
-        ) from None
+        raise SweepConfigError(f"{entry.shown}: cannot parse: {first_line(e)}") from None
 
 
-def _distribution(source: str, override: Override) -> tuple[BaseDistribution, dict[Any, str]]:
+def _distribution(shown: str, override: Override) -> tuple[BaseDistribution, dict[Any, str]]:
     value = override.value()
     try:
         if isinstance(value, ChoiceSweep) or (isinstance(value, RangeSweep) and value.shuffle):
@@ -127,8 +134,8 @@ def _distribution(source: str, override: Override) -> tuple[BaseDistribution, di
         if isinstance(value, IntervalSweep):
             return _interval(value), {}
     except (ValueError, TypeError) as e:
-        raise SweepConfigError(f"{source}={override.get_value_element_as_str()}: {e}") from None
-    raise SweepConfigError(f"{source}: {type(value).__name__} is not supported by this sweeper")
+        raise SweepConfigError(f"{shown}: {e}") from None
+    raise SweepConfigError(f"{shown}: {type(value).__name__} is not supported by this sweeper")
 
 
 def _categorical(override: Override) -> tuple[CategoricalDistribution, dict[Any, str]]:
@@ -152,7 +159,7 @@ def _interval(value: IntervalSweep) -> BaseDistribution:
     return FloatDistribution(float(value.start), float(value.end), log=log)
 
 
-def _grid_values(source: str, dist: BaseDistribution) -> list[Any]:
+def _grid_values(shown: str, dist: BaseDistribution) -> list[Any]:
     if isinstance(dist, CategoricalDistribution):
         return list(dist.choices)
     step = getattr(dist, "step", None)
@@ -160,7 +167,7 @@ def _grid_values(source: str, dist: BaseDistribution) -> list[Any]:
         n = int((dist.high - dist.low) // step)
         return [dist.low + i * step for i in range(n)]
     raise SweepConfigError(
-        f"{source}: the grid sampler needs discrete values (choice or range); "
+        f"{shown}: the grid sampler needs discrete values (choice or range); "
         f"this is a continuous interval"
     )
 

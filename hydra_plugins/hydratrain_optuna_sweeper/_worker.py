@@ -94,7 +94,7 @@ class Worker:
             if self.study.get_trials(deepcopy=False):
                 return
             for params in self.s.enqueue:
-                self.study.enqueue_trial(dict(params), skip_if_exists=True)
+                self.study.enqueue_trial(dict(params))
 
     def _next_trials(self) -> list[Trial]:
         """The next batch; at the end of a study-wide budget, wait for other workers' running

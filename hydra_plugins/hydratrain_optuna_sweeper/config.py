@@ -144,7 +144,9 @@ class OptunaSweeperConf:
     n_trials: int = 20  # this many more trials per run
     n_jobs: int = 2  # trials handed to the launcher at once
     max_failure_rate: float = 0.0  # FAIL share of a batch above which the sweep stops
-    params: dict[str, Any] | None = None  # the search space
+    # The search space. Typed Any: `hydra.sweeper.params={...}` on the command line then sets
+    # it (OmegaConf can merge a mapping neither into a null Dict nor new keys into a Dict).
+    params: Any = None
     custom_search_space: str | None = None  # dotted path of fn(cfg, trial)
 
 
@@ -163,7 +165,7 @@ class HydratrainOptunaSweeperConf:
     n_trials: int | None = None  # hpo.n_trials (study-wide); set here: more trials per run
     n_jobs: int | None = None  # 1
     max_failure_rate: float | None = None  # hpo.max_failure_rate
-    params: dict[str, Any] | None = None  # hpo.params
+    params: Any = None  # hpo.params
     custom_search_space: str | None = None  # hpo.search_space_fn
 
 
