@@ -252,7 +252,7 @@ def test_budget_never_over_asks_and_counts_running_trials(tmp_path):
 
 def test_surplus_trial_is_discarded_uncounted(tmp_path):
     """The ask-then-recheck path used without a lock (databases): a 3rd trial is not counted."""
-    study, spec = _study(tmp_path)
+    study, _spec = _study(tmp_path)
     for _ in range(2):
         study.tell(study.ask(), 1.0)
     budget = StudyBudget(study, 2, None, LIVE)
@@ -315,7 +315,7 @@ def test_reporter_rebuilds_the_trial_from_storage_and_prunes(tmp_path):
 
 
 def test_reporter_of_a_trial_failed_elsewhere_goes_quiet(tmp_path, caplog):
-    study, spec = _study(tmp_path, name="r")
+    study, _spec = _study(tmp_path, name="r")
     trial = study.ask()
     study.tell(trial.number, state=TrialState.FAIL)  # another worker: stale
     rep = reporter.OptunaReporter(trial, "val_loss", can_prune=True)

@@ -10,9 +10,8 @@ import json
 import math
 import os
 import time
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import hydra
