@@ -24,10 +24,12 @@ class HpoConfig:
     metric: Any = "final_val_loss"  # summary.json key(s) the study optimizes
     report_metric: str = "val_loss"  # reported at each evaluation, for pruning
     sampler: str = "tpe"  # an option of hydra/sweeper/sampler: tpe, random, cmaes, nsgaii, ...
-    sampler_args: dict[str, Any] = field(default_factory=dict)  # fields of that sampler config
+    # Mappings, typed Any with null for none: `hpo.sampler_args={population_size: 10}` on the
+    # command line then sets keys that are not there yet (Hydra refuses new keys in a dict).
+    sampler_args: Any = None  # fields of that sampler config
     seed: int | None = 0  # the sampler's seed unless sampler_args sets one
     pruner: str = "median"  # median | successive_halving | hyperband | none
-    pruner_args: dict[str, Any] = field(default_factory=dict)
+    pruner_args: Any = None  # arguments of the Optuna pruner
     max_failure_rate: float = 0.5  # FAIL share of this worker's trials that stops it
     min_trials_for_failure_rate: int = 4
     heartbeat_interval: float = 15.0  # seconds between heartbeats of a running trial
@@ -39,7 +41,7 @@ class HpoConfig:
     search_space_fn: str | None = None  # dotted path of fn(cfg, trial) -> {key: value} | None
     # The default search space; a config's own hydra.sweeper.params replaces it whole, and a
     # key set to null here is not searched.
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Any = None
     tensorboard: bool = True  # hparams per trial in <hydra.sweep.dir>/tensorboard
     trial_number: int | None = None  # set by the sweeper for each job
     reporter: str | None = None  # set by the sweeper: dotted path of fn(cfg) -> Reporter

@@ -130,9 +130,16 @@ def read_hpo(node: Any) -> HpoConfig | None:
     try:
         plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
         merged = OmegaConf.merge(OmegaConf.structured(HpoConfig), plain)
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+        hpo: HpoConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except Exception as e:
         raise SweepConfigError(_hpo_error(e)) from None
+    for key in ("sampler_args", "pruner_args", "params"):
+        value = getattr(hpo, key)
+        if value is None:
+            setattr(hpo, key, {})
+        elif not isinstance(value, Mapping):
+            raise SweepConfigError(f"hpo.{key}={value!r} must be a mapping of key: value")
+    return hpo
 
 
 def _hpo_error(exc: Exception) -> str:
@@ -147,7 +154,7 @@ def read_settings(stock: StockKeys, hpo_node: Any, sweep_dir: str) -> SweepSetti
     from ._samplers import sampler_node
 
     hpo = read_hpo(hpo_node)
-    h = hpo or HpoConfig()
+    h = hpo or read_hpo({})  # the defaults, normalized as a node would be
     n_trials, n_trials_key = stock.pick("n_trials", h.n_trials, "hpo.n_trials")
     direction, direction_key = stock.pick("direction", h.direction, "hpo.direction")
     space_fn, space_fn_key = stock.pick(

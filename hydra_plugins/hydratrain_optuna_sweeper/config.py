@@ -156,7 +156,7 @@ class HydratrainOptunaSweeperConf:
     what it means to the stock sweeper and replaces the matching hpo.* setting."""
 
     _target_: str = f"{SWEEPER_MODULE}.HydratrainOptunaSweeper"
-    defaults: list[Any] = field(default_factory=lambda: [{"sampler": None}])
+    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"sampler": None}])
     _recursive_: bool = False
     sampler: Any = None  # hpo.sampler
     direction: Any = None  # hpo.direction
