@@ -17,6 +17,6 @@ class StorageUnreachable(CompactHydraException):
     """The study's database stayed away: the worker stops (exit status 1); rerun to resume."""
 
 
-def first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException | str) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__

@@ -21,7 +21,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from ._checks import check_objectives, check_space
-from ._errors import StorageUnreachable, SweepConfigError
+from ._errors import StorageUnreachable, SweepAborted, SweepConfigError
 from ._samplers import build_pruner, build_sampler, grid_size
 from ._settings import StockKeys, SweepSettings, read_settings
 from ._space import Entry, SearchSpace, load_hook, params_entries, parse_space
@@ -60,7 +60,7 @@ class OptunaSweeperImpl(Sweeper):
             # a bad sweep setting ends like a bad training setting, one line and status 2.
             print(f"error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
-        except StorageUnreachable as e:
+        except (StorageUnreachable, SweepAborted) as e:  # not a setting: status 1
             print(f"error: {self.mask(str(e))}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         if status:
@@ -110,6 +110,8 @@ class OptunaSweeperImpl(Sweeper):
             sweep_dir=sweep_dir,
             job_storage=job_storage(s.storage, self.mask),
             mask=self.mask,
+            # CmaEsSampler ignores constraints, and warns about each trial that has one.
+            constraints=s.reports and not isinstance(sampler, optuna.samplers.CmaEsSampler),
         )
 
     def _compose(self, overrides: list[str]) -> DictConfig:

@@ -55,6 +55,12 @@ class StockKeys:
 
     @classmethod
     def of(cls, options: Mapping[str, Any], stock_node: bool) -> StockKeys:
+        if options.get("search_space") is not None:
+            raise SweepConfigError(
+                "hydra.sweeper.search_space was removed from the stock sweeper (deprecated in "
+                "its 1.2); give the search space as hydra.sweeper.params"
+            )
+        options = {k: v for k, v in options.items() if k != "search_space"}
         unknown = sorted(set(options) - set(STOCK_KEYS))
         if unknown:
             raise SweepConfigError(

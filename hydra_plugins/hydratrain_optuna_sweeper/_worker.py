@@ -26,7 +26,7 @@ from app.preemption import StopRequest, stop_on_signals
 
 from . import _private as private
 from . import reporter
-from ._errors import SweepAborted
+from ._errors import SweepAborted, first_line
 from ._outcomes import Outcome, classify, error_attrs
 from ._results import HParamsWriter, write_results
 from ._samplers import record_oom_constraint
@@ -54,6 +54,7 @@ class Plan:
     sweep_dir: str
     job_storage: str  # hpo.storage as jobs get it (never a password)
     mask: Masker
+    constraints: bool  # mark out-of-memory trials infeasible, for the sampler
 
 
 class Worker:
@@ -189,7 +190,7 @@ class Worker:
             raise optuna.exceptions.UpdateFinishedTrialError(f"trial {trial.number} finished")
         for key, value in outcome.attrs.items():
             trial.set_user_attr(key, value)
-        if outcome.state != TrialState.FAIL:  # samplers read constraints of these two states
+        if self.plan.constraints and outcome.state != TrialState.FAIL:  # read for these two
             record_oom_constraint(trial, outcome.reason == "oom")
         if outcome.preempted_by is not None:
             self._preempted(trial, outcome)
@@ -255,7 +256,7 @@ class Worker:
             if total < rule.min_trials:
                 return
         if total and n / total > rule.max_rate:
-            last = f" (last: {failed[-1].attrs.get('error')})" if failed else ""
+            last = f" (last: {first_line(failed[-1].attrs.get('error', ''))})" if failed else ""
             raise SweepAborted(
                 f"{n} of {total} trials failed{last}, more than {rule.key}={rule.max_rate}: "
                 "sweep stopped"

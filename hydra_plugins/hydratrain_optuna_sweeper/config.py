@@ -148,6 +148,7 @@ class OptunaSweeperConf:
     # it (OmegaConf can merge a mapping neither into a null Dict nor new keys into a Dict).
     params: Any = None
     custom_search_space: str | None = None  # dotted path of fn(cfg, trial)
+    search_space: Any = None  # removed from the stock sweeper: refused with one line
 
 
 @dataclass
@@ -167,6 +168,7 @@ class HydratrainOptunaSweeperConf:
     max_failure_rate: float | None = None  # hpo.max_failure_rate
     params: Any = None  # hpo.params
     custom_search_space: str | None = None  # hpo.search_space_fn
+    search_space: Any = None  # removed from the stock sweeper: refused with one line
 
 
 def _register() -> None:
