@@ -3,6 +3,7 @@ secrets, reporter. In process, no Hydra app: milliseconds each."""
 
 from __future__ import annotations
 
+import importlib.util
 import time
 
 import optuna
@@ -170,6 +171,8 @@ def _build(name: str, **over):
 
 @pytest.mark.parametrize("name", ["tpe", "random", "cmaes", "nsgaii", "nsga2", "qmc", "gp", "grid"])
 def test_every_sampler_builds(name):
+    if name == "gp" and importlib.util.find_spec("torch") is None:
+        pytest.skip("GPSampler needs torch before Optuna 5 (CI's Optuna 4 check has none)")
     assert isinstance(_build(name), optuna.samplers.BaseSampler)
 
 
@@ -205,8 +208,6 @@ def test_passwords_are_masked_as_written_and_decoded():
 
 
 def test_postgresql_urls_get_the_installed_driver(monkeypatch):
-    import importlib.util
-
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda m, *a: None if m == "psycopg" else real(m, *a)

@@ -4,7 +4,9 @@ Optuna's public API covers one process asking and telling its own trials. Severa
 one study also need to write system attributes (heartbeats, bookkeeping) on trials, fail a
 trial another worker owns as a claim only one worker wins, and rebuild a running trial in the
 job's process from its number. Hydra's public `JobReturn.return_value` prints to stderr and
-raises for a failed job, where the sweeper wants the exception as a value.
+raises for a failed job, where the sweeper wants the exception as a value. And an update to a
+trial that another worker finished meanwhile raises `UpdateFinishedTrialError` from Optuna
+4.1 on, a plain RuntimeError before: `finished_trial_guard` turns both into `TrialFinished`.
 
 tests/test_sweeper_private_api.py exercises each function on every storage kind; CI runs it on
 Optuna 4.x as well as the installed 5.x (.ci/run).
@@ -12,12 +14,36 @@ Optuna 4.x as well as the installed 5.x (.ci/run).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import optuna
 from hydra.core.utils import JobReturn, JobStatus
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
+
+
+class TrialFinished(Exception):
+    """An update to a trial that was finished meanwhile (by another worker)."""
+
+
+def _update_finished(exc: BaseException) -> bool:
+    cls = getattr(optuna.exceptions, "UpdateFinishedTrialError", None)
+    if cls is not None:
+        return isinstance(exc, cls)
+    return isinstance(exc, RuntimeError) and "has already finished" in str(exc)
+
+
+@contextlib.contextmanager
+def finished_trial_guard() -> Iterator[None]:
+    """Raise TrialFinished for an update to a finished trial, whatever this Optuna raises."""
+    try:
+        yield
+    except Exception as e:
+        if _update_finished(e):
+            raise TrialFinished(str(e)) from None
+        raise
 
 
 def storage_of(study: optuna.Study) -> BaseStorage:
@@ -45,8 +71,9 @@ def frozen(study: optuna.Study, trial: Trial | FrozenTrial) -> FrozenTrial:
 def claim_failed(study: optuna.Study, trial: FrozenTrial) -> bool:
     """Move a RUNNING trial to FAIL; True only for the one caller whose update did it."""
     try:
-        return bool(storage_of(study).set_trial_state_values(trial_id(trial), TrialState.FAIL))
-    except optuna.exceptions.UpdateFinishedTrialError:
+        with finished_trial_guard():
+            return bool(storage_of(study).set_trial_state_values(trial_id(trial), TrialState.FAIL))
+    except TrialFinished:
         return False
 
 

@@ -99,6 +99,8 @@ def _effective(cls: type, kwargs: dict[str, Any], key: str) -> dict[str, Any]:
     for name, value in kwargs.items():
         if value is None or (name in ONLY_WITH and kwargs.get(ONLY_WITH[name]) is None):
             continue
+        if name not in params and value == _stock_default(cls, name):
+            continue  # the stock config's default for a parameter this Optuna does not have
         if name not in params:
             known = ", ".join(p for p in params if p != "self")
             raise SweepConfigError(
@@ -110,6 +112,20 @@ def _effective(cls: type, kwargs: dict[str, Any], key: str) -> dict[str, Any]:
             continue
         out[name] = value
     return out
+
+
+def _stock_default(cls: type, name: str) -> Any:
+    """The stock sampler config's default for `name`, or a value no user setting equals."""
+    target = f"{cls.__module__.split('._')[0]}.{cls.__name__}"  # optuna.samplers.TPESampler
+    for config in SAMPLERS.values():
+        for f in dataclasses.fields(config):
+            if f.name == "_target_" and f.default == target:
+                match = [g for g in dataclasses.fields(config) if g.name == name]
+                return match[0].default if match else _NO_DEFAULT
+    return _NO_DEFAULT
+
+
+_NO_DEFAULT = object()
 
 
 def _instantiate(cls: type, target: str, kwargs: dict, passthrough: dict, key: str) -> Any:

@@ -210,13 +210,13 @@ def _fail_stale(study: optuna.Study, t: FrozenTrial, silent_for: float, uncount:
     try:
         # Attributes first: a finished trial can no longer be changed. The state change is the
         # claim: only the worker whose update succeeds re-queues the trial.
-        private.set_user_attr(study, t, "reason", "stale")
-        private.set_user_attr(
-            study, t, "error", f"no heartbeat for {silent_for:.0f}s (worker killed?)"
-        )
-        if uncount:  # its retry takes the slot
-            private.set_system_attr(study, t, UNCOUNTED, True)
-    except optuna.exceptions.UpdateFinishedTrialError:  # another worker got there first
+        with private.finished_trial_guard():
+            private.set_user_attr(study, t, "reason", "stale")
+            error = f"no heartbeat for {silent_for:.0f}s (worker killed?)"
+            private.set_user_attr(study, t, "error", error)
+            if uncount:  # its retry takes the slot
+                private.set_system_attr(study, t, UNCOUNTED, True)
+    except private.TrialFinished:  # another worker got there first
         return False
     if not private.claim_failed(study, t):
         return False

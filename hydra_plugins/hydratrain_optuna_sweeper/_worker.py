@@ -180,14 +180,15 @@ class Worker:
     def _tell(self, trial: Trial, outcome: Outcome) -> None:
         """Record the outcome, unless another worker failed the trial as stale meanwhile."""
         try:
-            retrying(lambda: self._record(trial, outcome), f"tell trial {trial.number}")
-        except optuna.exceptions.UpdateFinishedTrialError:
+            with private.finished_trial_guard():
+                retrying(lambda: self._record(trial, outcome), f"tell trial {trial.number}")
+        except private.TrialFinished:
             self._taken_over(trial)
         self.plan.budget.done(trial)
 
     def _record(self, trial: Trial, outcome: Outcome) -> None:
         if private.frozen(self.study, trial).state.is_finished():
-            raise optuna.exceptions.UpdateFinishedTrialError(f"trial {trial.number} finished")
+            raise private.TrialFinished(f"trial {trial.number} finished")
         for key, value in outcome.attrs.items():
             trial.set_user_attr(key, value)
         if self.plan.constraints and outcome.state != TrialState.FAIL:  # read for these two

@@ -74,13 +74,13 @@ class OptunaReporter:
             self._call(lambda k=key, v=value: self.trial.set_user_attr(k, _jsonable(v)))
 
     def _call(self, fn: Any) -> Any:
-        import optuna
-
+        from . import _private as private
         from ._storage import retrying
 
         try:
-            return retrying(fn, f"report to trial {self.trial.number}")
-        except optuna.exceptions.UpdateFinishedTrialError:
+            with private.finished_trial_guard():
+                return retrying(fn, f"report to trial {self.trial.number}")
+        except private.TrialFinished:
             self._detached = True
             log.warning(
                 "Trial %d was finished by another worker (failed as stale while this one was "
