@@ -229,3 +229,10 @@ def test_hpo_n_trials_is_a_study_wide_total_and_the_stock_key_means_more_per_run
 def test_a_chosen_sampler_option_replaces_hpo_sampler(tmp_path):
     out = fake(tmp_path, "hpo.n_trials=2", "hydra/sweeper/sampler=random")
     assert "sampler RandomSampler" in out
+
+
+def test_n_jobs_beside_hpo_launches_batches_whose_trials_all_report(tmp_path):
+    out = fake(tmp_path, "hpo.n_trials=4", "hydra.sweeper.n_jobs=2", "hpo.pruner=none")
+    assert re.findall(r"Launching (\d+) jobs locally", out) == ["2", "2"]
+    study = optuna.load_study(study_name="t", storage=journal(f"{tmp_path}/study.journal"))
+    assert all(t.intermediate_values for t in study.trials)  # each job found its own trial
