@@ -236,3 +236,13 @@ def test_n_jobs_beside_hpo_launches_batches_whose_trials_all_report(tmp_path):
     assert re.findall(r"Launching (\d+) jobs locally", out) == ["2", "2"]
     study = optuna.load_study(study_name="t", storage=journal(f"{tmp_path}/study.journal"))
     assert all(t.intermediate_values for t in study.trials)  # each job found its own trial
+
+
+def test_every_test_the_readme_table_names_exists():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| stock key (`hydra.sweeper.*`)") :].split("\n\n")[0]
+    named = set(re.findall(r"`(test_\w+)`", table))
+    defined = set()
+    for path in (ROOT / "tests").glob("test_*.py"):
+        defined |= set(re.findall(r"^def (test_\w+)", path.read_text(), re.M))
+    assert len(table.splitlines()) >= 18 and named and named <= defined, named - defined
