@@ -331,3 +331,27 @@ def test_reporter_is_a_noop_outside_a_sweep():
 
     assert isinstance(build_reporter(OmegaConf.create({"hpo": _hpo()})), NullReporter)
     assert isinstance(build_reporter(OmegaConf.create({"hpo": None})), NullReporter)
+
+
+def test_a_misspelled_hpo_key_in_an_experiment_is_an_error_naming_it(tmp_path):
+    """The hpo group is typed (app/hpo_config.py): composition refuses the key, in one line."""
+    from app.preflight import compose, one_line
+
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "typo.yaml").write_text("# @package _global_\nhpo: {n_trail: 5}\n")
+    with pytest.raises(Exception) as err:
+        compose("train", ["hpo=optuna", "experiment=typo", f"hydra.searchpath=[file://{tmp_path}]"])
+    assert one_line(err.value).startswith("hpo.n_trail: no such setting in hpo; known keys:")
+
+
+def test_conf_hpo_optuna_sets_no_setting_to_its_default():
+    """One default per setting: the YAML sets only what differs from app/hpo_config.py."""
+    from pathlib import Path
+
+    from app.hpo_config import HpoConfig
+
+    root = Path(__file__).resolve().parents[1]
+    yaml = OmegaConf.to_container(OmegaConf.load(root / "conf" / "hpo" / "optuna.yaml").hpo)
+    defaults = HpoConfig()
+    for key, value in yaml.items():
+        assert value != getattr(defaults, key), f"hpo.{key} restates its default"

@@ -76,7 +76,7 @@ def test_a_worker_paused_past_stale_after_comes_back_without_a_traceback(tmp_pat
     _wait_for(tmp_path, _reporting(0))
     paused.send_signal(signal.SIGSTOP)  # a frozen VM, a long GC, Ctrl-Z
     other = _start(tmp_path, args)
-    other_out, other_err = other.communicate(timeout=120)
+    _other_out, other_err = other.communicate(timeout=120)
     assert other.returncode == 0, other_err[-2000:]
     paused.send_signal(signal.SIGCONT)
     out, err = paused.communicate(timeout=120)
@@ -94,7 +94,7 @@ def test_a_preempted_trial_is_requeued_and_the_rerun_resumes_it(tmp_path):
     worker = _start(tmp_path, args)
     _wait_for(tmp_path, _reporting(1))
     worker.send_signal(signal.SIGTERM)  # what SLURM, Kubernetes and spot instances send
-    out, err = worker.communicate(timeout=60)
+    _out, err = worker.communicate(timeout=60)
     assert worker.returncode == 128 + signal.SIGTERM, err[-2000:]
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[")]  # Optuna's
     assert len(lines) == 1 and lines[0].startswith("stopped: SIGTERM: the worker recorded"), err
