@@ -13,6 +13,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
+from app.hpo_config import HpoConfig
 from app.validation import ConfigError, check_bounds, check_known_keys
 
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
@@ -182,7 +183,7 @@ class TrainConfig:
     training: TrainingConfig = MISSING
     task: TaskConfig = field(default_factory=TaskConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
-    hpo: Any = None  # set by hpo=optuna; read by the sweeper and the trial reporter
+    hpo: HpoConfig | None = None  # set by hpo=optuna; read by the sweeper and the trial reporter
     # summary.json key main() returns, or a list of keys for multi-objective studies
     objective: Any = "final_val_loss"
 

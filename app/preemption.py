@@ -41,11 +41,14 @@ class StopRequest:
         return 128 + (self.signum or 0)
 
 
+FINISH_STEP = "finishing this optimizer step, then a checkpoint and the summary"
+
+
 @contextlib.contextmanager
-def stop_on_signals(stop: StopRequest) -> Iterator[StopRequest]:
+def stop_on_signals(stop: StopRequest, then: str = FINISH_STEP) -> Iterator[StopRequest]:
     """Route SIGTERM/SIGINT into `stop` for the duration of the block, then restore the
-    previous handlers (a sweeper's, say). Signals can only be handled in the main thread;
-    elsewhere the block runs without this protection."""
+    previous handlers (a sweeper's, say). `then` says what happens next, in the line logged.
+    Signals can only be handled in the main thread; elsewhere the block runs unprotected."""
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
@@ -57,9 +60,7 @@ def stop_on_signals(stop: StopRequest) -> Iterator[StopRequest]:
             return
         stop.signum = signum
         log.warning(
-            "%s received: finishing this optimizer step, then a checkpoint and the summary "
-            "(send it again to stop at once)",
-            signal.Signals(signum).name,
+            "%s received: %s (send it again to stop at once)", signal.Signals(signum).name, then
         )
 
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}

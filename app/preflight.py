@@ -9,6 +9,7 @@ run leaves an existing run directory byte for byte as it was.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,6 +174,8 @@ def one_line(exc: BaseException, config_name: str = "train") -> str:
     cause = exc.__cause__ or exc
     key = getattr(cause, "full_key", None)
     text = _first_line(cause)
+    if key is None and (found := _key_error_in(str(exc))):
+        key, text = found
     if key and "not in" in text:
         parent = key.rpartition(".")[0]
         allowed = _keys_of(config_name, parent)
@@ -180,6 +183,13 @@ def one_line(exc: BaseException, config_name: str = "train") -> str:
     if key:
         return f"{key}: {text}"
     return _first_line(exc)
+
+
+def _key_error_in(message: str) -> tuple[str, str] | None:
+    """(full_key, what is wrong) from an error Hydra reports below a line of its own, as for a
+    bad key in a config file (`hpo: {n_trail: 5}` in an experiment)."""
+    found = re.search(r"^(.+)\n\s*full_key: (\S+)", message, re.M)
+    return (found.group(2), found.group(1).strip()) if found else None
 
 
 def _first_line(exc: BaseException) -> str:

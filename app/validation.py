@@ -158,5 +158,5 @@ def check_known_keys(cfg: DictConfig, path: str = "") -> None:
             where = f" in {parent}" if parent else ""
             known = ", ".join(sorted(fields))
             raise ConfigError(f"{full}: no such setting{where}; known keys: {known}")
-        if isinstance(child, DictConfig):
+        if isinstance(child, DictConfig) and cfg.get(key) is not None:  # a typed null: hpo
             check_known_keys(child, f"{full}.")

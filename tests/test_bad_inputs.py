@@ -176,10 +176,10 @@ SWEEP_CASES = [
 @pytest.fixture
 def study(tmp_path) -> Path:
     """An existing study with one finished trial, in the journal file a sweep would share."""
-    from hydra_plugins.hydratrain_optuna_sweeper._study import open_storage
+    from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 
     path = tmp_path / "study.journal"
-    existing = optuna.create_study(study_name="s", storage=open_storage(str(path)))
+    existing = optuna.create_study(study_name="s", storage=journal(str(path)))
     existing.enqueue_trial({"x": 1.0})
     existing.optimize(lambda t: t.suggest_float("x", 0, 2), n_trials=1)
     return path

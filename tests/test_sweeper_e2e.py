@@ -16,7 +16,8 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from hydra_plugins.hydratrain_optuna_sweeper._study import UNCOUNTED, open_storage
+from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._study import UNCOUNTED
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +73,7 @@ def _run(cmd: list[str], tmp_path: Path, *args: str, check: bool = True, timeout
 
 
 def _trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
-    storage = open_storage(str(tmp_path / "study.journal"))
+    storage = journal(str(tmp_path / "study.journal"))
     return optuna.load_study(study_name=STUDY, storage=storage).get_trials()
 
 
@@ -148,18 +149,20 @@ def test_bad_inputs_fail_before_any_trial(tmp_path, override, setting):
 
 
 def test_stock_sweeper_config_runs_unchanged(tmp_path):
-    """tests/fake_app/conf/stock/sphere.yaml is written for hydra-optuna-sweeper (no hpo=...)."""
+    """tests/fake_app/conf/stock/sphere.yaml is written for hydra-optuna-sweeper (no hpo=...):
+    6 trials, a study in memory (storage: null) that leaves no file but the results."""
     _run(FAKE, tmp_path, "+stock=sphere", f"hydra.sweep.dir={tmp_path}/multirun")
-    storage = open_storage(str(tmp_path / "multirun" / "study.journal"))
-    trials = optuna.load_study(study_name="sphere", storage=storage).get_trials()
-    assert len(trials) == 6 and all(t.state.is_finished() for t in trials)
-    assert trials[0].distributions["training.lr"].log
-    assert set(trials[0].params) == {
+    results = OmegaConf.load(tmp_path / "multirun" / "optimization_results.yaml")
+    assert results.study_name == "sphere" and results.storage == "memory"
+    assert results.trials.COMPLETE == 6
+    assert set(results.best_params) == {
         "training.lr",
         "training.effective_batch_size",
         "training.weight_decay",
         "training.warmup_steps",
     }
+    made = {p.name for p in (tmp_path / "multirun").iterdir()}
+    assert made == {*map(str, range(6)), "multirun.yaml", "optimization_results.yaml"}
 
 
 def test_conditional_space_hook(tmp_path):
@@ -171,7 +174,8 @@ def test_conditional_space_hook(tmp_path):
             8,
             "hpo.search_space_fn=fake_hooks.batch_dependent_warmup",
             *QUIET,
-            "hydra.sweeper.params={training.warmup_steps:0}",
+            "hydra.sweeper.params={training.effective_batch_size:'choice(16,32,64)',"
+            "training.warmup_steps:0}",
             "hpo.pruner=none",
         ),
     )
@@ -189,15 +193,14 @@ def test_several_objectives_give_a_pareto_front(tmp_path):
             6,
             "hpo.metric=[final_val_loss,tokens_per_sec]",
             "hpo.direction=[minimize,maximize]",
-            "hpo.sampler=nsga2",
+            "hpo.sampler=nsgaii",
             *QUIET,
-            "objective=final_val_loss",
         ),
-    )  # scalar: read from summary.json
+    )  # the job returns both, as objective follows hpo.metric
     trials = _trials(tmp_path)
     assert all(t.state == TrialState.COMPLETE and len(t.values) == 2 for t in trials)
     results = OmegaConf.load(tmp_path / "multirun" / "optimization_results.yaml")
-    assert len(results.best_trials) >= 1 and "params" in results.best_trials[0]
+    assert len(results.solutions) >= 1 and "params" in results.solutions[0]  # stock key
 
 
 def test_killed_sweep_resumes_to_exactly_n_trials(tmp_path):
@@ -301,6 +304,8 @@ def test_real_sweep_records_attrs_and_prunes(tmp_path):
             tmp_path,
             8,
             *TINY,
+            "training.lr=tag(log, interval(1e-7, 1e-1))",
+            "training.warmup_steps=choice(0, 10)",
             f"hpo.enqueue=[{good},{good},{good},{bad}]",
             "++hpo.pruner_args={n_startup_trials:3,n_warmup_steps:1}",
         ),

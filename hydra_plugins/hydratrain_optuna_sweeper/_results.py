@@ -1,4 +1,9 @@
-"""What a sweep leaves in its directory: optimization_results.yaml and TensorBoard hparams."""
+"""What a sweep leaves in its directory: optimization_results.yaml and TensorBoard hparams.
+
+optimization_results.yaml has the stock sweeper's keys (`name`, and `best_params` +
+`best_value`, or `solutions` for several objectives) and ours beside them (the study, its
+storage with any password masked, the trial counts, the best trial's number and run dir).
+"""
 
 from __future__ import annotations
 
@@ -18,23 +23,23 @@ log = logging.getLogger(__name__)
 RESULTS_FILE = "optimization_results.yaml"
 
 
-def _trial_entry(t: FrozenTrial) -> dict[str, Any]:
+def _solution(t: FrozenTrial) -> dict[str, Any]:
     return {
-        "number": t.number,
-        "values": list(t.values or []),
         "params": dict(t.params),
+        "values": list(t.values or []),
+        "number": t.number,
         "run_dir": t.user_attrs.get("run_dir"),
     }
 
 
-def summarize(study: optuna.Study, storage: str, metrics: list[str]) -> dict[str, Any]:
+def summarize(study: optuna.Study, storage: str, metrics: list[str] | None) -> dict[str, Any]:
     trials = study.get_trials(deepcopy=False)
     data: dict[str, Any] = {
         "name": "optuna",
         "study_name": study.study_name,
         "storage": storage,
         "directions": [d.name.lower() for d in study.directions],
-        "metrics": metrics,
+        **({"metrics": metrics} if metrics else {}),
         "trials": dict(Counter(t.state.name for t in trials)),
     }
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
@@ -43,17 +48,19 @@ def summarize(study: optuna.Study, storage: str, metrics: list[str]) -> dict[str
     if len(study.directions) == 1:
         best = study.best_trial
         data.update(
-            best_trial=best.number,
-            best_value=best.value,
             best_params=dict(best.params),
+            best_value=best.value,
+            best_trial=best.number,
             best_run_dir=best.user_attrs.get("run_dir"),
         )
     else:
-        data["best_trials"] = [_trial_entry(t) for t in study.best_trials]  # Pareto front
+        data["solutions"] = [_solution(t) for t in study.best_trials]  # the Pareto front
     return data
 
 
-def write_results(study: optuna.Study, storage: str, metrics: list[str], sweep_dir: str) -> Path:
+def write_results(
+    study: optuna.Study, storage: str, metrics: list[str] | None, sweep_dir: str
+) -> Path:
     """Atomically (re)write the results; the last worker to finish leaves the final picture."""
     path = Path(sweep_dir, RESULTS_FILE)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,13 +77,13 @@ class HParamsWriter:
         self.root = str(Path(sweep_dir, "tensorboard"))
         self._writer: Any = None
 
-    def write(self, trial: FrozenTrial, metrics: list[str]) -> None:
+    def write(self, trial: FrozenTrial, metrics: list[str] | None) -> None:
         try:
             self._write(trial, metrics)
         except Exception as e:  # TensorBoard is a convenience; never fail a sweep over it
             log.warning("TensorBoard hparams for trial %d not written: %s", trial.number, e)
 
-    def _write(self, trial: FrozenTrial, metrics: list[str]) -> None:
+    def _write(self, trial: FrozenTrial, metrics: list[str] | None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         if self._writer is None:
@@ -85,7 +92,8 @@ class HParamsWriter:
         hparams["state"] = trial.state.name
         values = list(trial.values or [])
         scores = {
-            f"hpo/{m}": (values[i] if i < len(values) else math.nan) for i, m in enumerate(metrics)
+            f"hpo/{m}": (values[i] if i < len(values) else math.nan)
+            for i, m in enumerate(metrics or [])
         }
         if trial.intermediate_values:
             scores["hpo/last_reported"] = trial.intermediate_values[max(trial.intermediate_values)]

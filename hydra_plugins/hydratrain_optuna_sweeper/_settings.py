@@ -1,245 +1,289 @@
-"""`hpo.*` settings: read once, checked before any trial runs, turned into Optuna objects.
+"""The sweep's settings: the stock keys (`hydra.sweeper.*`) and ours (`hpo.*`), read once and
+checked before any trial runs.
 
-Every check raises `SweepConfigError` with one line that names the setting, so a bad sweep
-fails at once instead of after the first training run.
+Each key means one thing wherever it is used. A `hydra.sweeper.*` key means what it means to the
+stock hydra-optuna-sweeper; when it is set it replaces the matching `hpo.*` setting. An unset one
+(null, in the node `hpo=optuna` selects) leaves `hpo.*` in charge. Every check raises
+`SweepConfigError` with one line that names the setting.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-SAMPLERS = ("tpe", "random", "cmaes", "gp", "qmc", "nsga2")
-PRUNERS = ("median", "successive_halving", "hyperband", "none")
+from app.hpo_config import HpoConfig
+
+from ._errors import SweepConfigError, first_line
+from ._storage import StorageSpec, storage_spec
+
 DIRECTIONS = ("minimize", "maximize")
-# A sampler that cannot handle several objectives would silently optimize only the first.
-MULTI_OBJECTIVE_SAMPLERS = ("tpe", "random", "gp", "qmc", "nsga2")
-# Step 0 is the untrained model (the trainer evaluates it): never prune there.
-PRUNER_DEFAULTS = {"median": {"n_startup_trials": 3, "n_warmup_steps": 1}}
+PRUNERS = ("median", "successive_halving", "hyperband", "none")
+STOCK_KEYS = (
+    "sampler",
+    "direction",
+    "storage",
+    "study_name",
+    "n_trials",
+    "n_jobs",
+    "max_failure_rate",
+    "params",
+    "custom_search_space",
+)
 
 
-class SweepConfigError(CompactHydraException):
-    """A sweep setting the user can fix. Hydra prints only the message (one line)."""
+@dataclass(frozen=True)
+class StockKeys:
+    """`hydra.sweeper.*` as composed. None is unset, except that the stock node's null
+    `storage` and `study_name` mean "in memory" and "a fresh study", as they do there."""
+
+    stock_node: bool
+    sampler: Any = None
+    direction: Any = None
+    storage: Any = None
+    study_name: str | None = None
+    n_trials: int | None = None
+    n_jobs: int | None = None
+    max_failure_rate: float | None = None
+    params: Any = None
+    custom_search_space: str | None = None
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any], stock_node: bool) -> StockKeys:
+        if options.get("search_space") is not None:
+            raise SweepConfigError(
+                "hydra.sweeper.search_space was removed from the stock sweeper (deprecated in "
+                "its 1.2); give the search space as hydra.sweeper.params"
+            )
+        options = {k: v for k, v in options.items() if k != "search_space"}
+        unknown = sorted(set(options) - set(STOCK_KEYS))
+        if unknown:
+            raise SweepConfigError(
+                f"hydra.sweeper.{unknown[0]}: no such setting; known keys: {', '.join(STOCK_KEYS)}"
+            )
+        return cls(stock_node=stock_node, **{k: options.get(k) for k in STOCK_KEYS})
+
+    def pick(self, key: str, hpo_value: Any, hpo_key: str) -> tuple[Any, str]:
+        """(value, the setting it came from): the stock key when set, else ours."""
+        value = getattr(self, key)
+        if value is not None:
+            return value, f"hydra.sweeper.{key}"
+        return hpo_value, hpo_key
+
+
+@dataclass(frozen=True)
+class Budget:
+    n_trials: int
+    per_run: bool  # stock: this many more trials per run; ours: a study-wide total
+    key: str
+
+
+@dataclass(frozen=True)
+class FailureRule:
+    max_rate: float
+    per_batch: bool  # stock: the FAIL share of each batch; ours: of this worker's trials
+    min_trials: int  # ours: trials this worker finishes before the rate is checked
+    key: str
+
+
+@dataclass(frozen=True)
+class Liveness:
+    heartbeat_interval: float
+    stale_after: float
+    retry_stale: int
+    wait_for_running: bool  # at the end of a study-wide budget, wait for other workers
+    poll_interval: float
 
 
 @dataclass
-class HpoSettings:
-    study_name: str
-    storage: str | None
-    n_trials: int
-    directions: list[str]
-    metrics: list[str]
-    report_metric: str
-    sampler: str = "tpe"
-    sampler_args: dict[str, Any] = field(default_factory=dict)
-    sampler_object: Any = None  # a sampler instantiated by a stock config (`_target_`)
-    seed: int | None = 0
-    pruner: str = "median"
-    pruner_args: dict[str, Any] = field(default_factory=dict)
-    max_failure_rate: float = 0.5
-    min_trials_for_failure_rate: int = 4
-    heartbeat_interval: float = 30.0
-    stale_after: float = 120.0
-    retry_stale: int = 0
-    wait_for_running: bool = True
-    poll_interval: float = 2.0
-    enqueue: list[dict[str, Any]] = field(default_factory=list)
-    search_space_fn: str | None = None
-    tensorboard: bool = True
+class SweepSettings:
+    study_name: str | None  # None: Optuna names a fresh study
+    storage: StorageSpec
+    budget: Budget
+    n_jobs: int
+    directions: list[str | None]  # None: the metric's own direction (filled once known)
+    direction_key: str
+    metrics: list[str] | None  # None: the job's return value is the objective (stock)
+    report_metric: str | None
+    sampler: DictConfig  # a node with _target_ (a stock sampler config)
+    sampler_key: str
+    pruner: str
+    pruner_args: dict[str, Any]
+    failure: FailureRule
+    search_space_fn: str | None
+    search_space_key: str
+    liveness: Liveness
+    # (mapping, setting) pairs of search-space entries, in order
+    space_sources: list[tuple[Any, str]]
+    enqueue: list[Any] = field(default_factory=list)
+    tensorboard: bool = False
+    reports: bool = False  # jobs are told their trial (there is an hpo node): pruning
 
     @property
     def multi_objective(self) -> bool:
         return len(self.directions) > 1
 
 
-def _plain(node: Any) -> Any:
-    if isinstance(node, DictConfig) or OmegaConf.is_config(node):
-        return OmegaConf.to_container(node, resolve=True)
-    return node
+def read_hpo(node: Any) -> HpoConfig | None:
+    """`hpo.*` resolved and typed by its schema, so a misspelled key is one line."""
+    if node is None:
+        return None
+    try:
+        plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        merged = OmegaConf.merge(OmegaConf.structured(HpoConfig), plain)
+        hpo: HpoConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except Exception as e:
+        raise SweepConfigError(_hpo_error(e)) from None
+    for key in ("sampler_args", "pruner_args", "params"):
+        value = getattr(hpo, key)
+        if value is None:
+            setattr(hpo, key, {})
+        elif not isinstance(value, Mapping):
+            raise SweepConfigError(f"hpo.{key}={value!r} must be a mapping of key: value")
+    return hpo
 
 
-def _as_list(value: Any) -> list[Any]:
-    value = _plain(value)
-    if isinstance(value, str) or not isinstance(value, Sequence):
-        return [value]
-    return list(value)
+def _hpo_error(exc: Exception) -> str:
+    key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
+    if key and "not in" in str(exc):
+        known = ", ".join(f.name for f in dataclasses.fields(HpoConfig))
+        return f"hpo.{key}: no such setting in hpo; known keys: {known}"
+    return f"hpo.{key}: {first_line(exc)}" if key else f"hpo: {first_line(exc)}"
 
 
-def read_settings(hpo: Any, stock: Mapping[str, Any]) -> HpoSettings:
-    """Merge `hpo.*` with the stock-sweeper keys (those win when set) and check the result."""
-    h: dict[str, Any] = _plain(hpo) or {}
-    pick = {k: v for k, v in stock.items() if v is not None}
-    sampler, sampler_args, sampler_object = _read_sampler(h, pick.get("sampler"))
-    s = HpoSettings(
-        study_name=str(pick.get("study_name", h.get("study_name") or "hydratrain")),
-        storage=_plain(pick.get("storage", h.get("storage"))),
-        n_trials=pick.get("n_trials", h.get("n_trials", 20)),
-        directions=[
-            str(d) for d in _as_list(pick.get("direction", h.get("direction", "minimize")))
-        ],
-        metrics=[str(m) for m in _as_list(h.get("metric", "final_val_loss"))],
-        report_metric=str(h.get("report_metric", "val_loss")),
-        sampler=sampler,
-        sampler_args=sampler_args,
-        sampler_object=sampler_object,
-        seed=h.get("seed", 0),
-        pruner=str(h.get("pruner", "median")),
-        pruner_args=dict(h.get("pruner_args") or {}),
-        max_failure_rate=float(pick.get("max_failure_rate", h.get("max_failure_rate", 0.5))),
-        min_trials_for_failure_rate=int(h.get("min_trials_for_failure_rate", 4)),
-        heartbeat_interval=float(h.get("heartbeat_interval", 30.0)),
-        stale_after=float(h.get("stale_after", 120.0)),
-        retry_stale=int(h.get("retry_stale", 0)),
-        wait_for_running=bool(h.get("wait_for_running", True)),
-        poll_interval=float(h.get("poll_interval", 2.0)),
-        enqueue=list(h.get("enqueue") or []),
-        search_space_fn=pick.get("custom_search_space", h.get("search_space_fn")),
-        tensorboard=bool(h.get("tensorboard", True)),
+def read_settings(stock: StockKeys, hpo_node: Any, sweep_dir: str) -> SweepSettings:
+    from ._samplers import sampler_node
+
+    hpo = read_hpo(hpo_node)
+    h = hpo or read_hpo({})  # the defaults, normalized as a node would be
+    n_trials, n_trials_key = stock.pick("n_trials", h.n_trials, "hpo.n_trials")
+    direction, direction_key = stock.pick("direction", h.direction, "hpo.direction")
+    space_fn, space_fn_key = stock.pick(
+        "custom_search_space", h.search_space_fn, "hpo.search_space_fn"
+    )
+    metrics = _as_list(h.metric) if hpo else None
+    s = SweepSettings(
+        study_name=_study_name(stock, h),
+        storage=_storage(stock, h, sweep_dir),
+        budget=Budget(n_trials, per_run=stock.n_trials is not None, key=n_trials_key),
+        n_jobs=stock.n_jobs if stock.n_jobs is not None else 1,
+        directions=_directions(direction, direction_key, metrics),
+        direction_key=direction_key,
+        metrics=metrics,
+        report_metric=h.report_metric if hpo else None,
+        sampler=sampler_node(stock.sampler, h),
+        sampler_key="hydra.sweeper.sampler" if stock.sampler is not None else "hpo.sampler",
+        pruner=h.pruner if hpo else "none",
+        pruner_args=dict(h.pruner_args),
+        failure=_failure_rule(stock, h),
+        search_space_fn=space_fn,
+        search_space_key=space_fn_key,
+        liveness=Liveness(
+            h.heartbeat_interval, h.stale_after, h.retry_stale, h.wait_for_running, h.poll_interval
+        ),
+        space_sources=_space_sources(stock.params, hpo),
+        enqueue=list(h.enqueue) if hpo else [],
+        tensorboard=bool(hpo and h.tensorboard),
+        reports=hpo is not None,
     )
     check(s)
     return s
 
 
-def _read_sampler(h: dict[str, Any], stock: Any) -> tuple[str, dict[str, Any], Any]:
-    name = str(h.get("sampler", "tpe"))
-    args = dict(h.get("sampler_args") or {})
-    if stock is None:
-        return name, args, None
-    stock = _plain(stock)
-    if isinstance(stock, str):
-        return stock, args, None
-    if isinstance(stock, Mapping):  # stock config without _target_: kwargs such as {seed: 123}
-        return name, {**args, **stock}, None
-    return type(stock).__name__, args, stock  # already instantiated by Hydra
+def _study_name(stock: StockKeys, h: HpoConfig) -> str | None:
+    if stock.stock_node or stock.study_name is not None:
+        return stock.study_name
+    return h.study_name
 
 
-def check(s: HpoSettings) -> None:
-    if not isinstance(s.n_trials, int) or isinstance(s.n_trials, bool) or s.n_trials < 1:
-        raise SweepConfigError(f"hpo.n_trials={s.n_trials!r} must be a positive integer")
-    for d in s.directions:
+def _storage(stock: StockKeys, h: HpoConfig, sweep_dir: str) -> StorageSpec:
+    if stock.stock_node or stock.storage is not None:
+        return storage_spec(stock.storage, "hydra.sweeper.storage", sweep_dir, null_is_memory=True)
+    return storage_spec(h.storage, "hpo.storage", sweep_dir, null_is_memory=False)
+
+
+def _space_sources(own: Any, hpo: HpoConfig | None) -> list[tuple[Any, str]]:
+    """hydra.sweeper.params when it names a key to search or fix; else hpo.params, less the
+    keys hydra.sweeper.params sets to null."""
+    own = _plain(own) or {}
+    if any(v is not None for v in own.values()) or hpo is None:
+        return [(own, "hydra.sweeper.params")]
+    return [(hpo.params, "hpo.params"), (own, "hydra.sweeper.params")]
+
+
+def _failure_rule(stock: StockKeys, h: HpoConfig) -> FailureRule:
+    if stock.max_failure_rate is not None:
+        return FailureRule(float(stock.max_failure_rate), True, 1, "hydra.sweeper.max_failure_rate")
+    return FailureRule(
+        float(h.max_failure_rate), False, h.min_trials_for_failure_rate, "hpo.max_failure_rate"
+    )
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def _as_list(value: Any) -> list[Any]:
+    value = _plain(value)
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        return [value]
+    return list(value)
+
+
+def _directions(value: Any, key: str, metrics: list[str] | None) -> list[str | None]:
+    if value is None:  # hpo.direction: null -> each metric's own, once known
+        return [None] * len(metrics or [None])
+    directions = [getattr(d, "name", d) for d in _as_list(value)]  # stock Direction enums
+    for d in directions:
         if d not in DIRECTIONS:
+            raise SweepConfigError(f"{key}={d!r} is not allowed; choose one of: minimize, maximize")
+    return directions
+
+
+def check(s: SweepSettings) -> None:
+    b = s.budget
+    if not _is_int(b.n_trials) or b.n_trials < 1:
+        raise SweepConfigError(f"{b.key}={b.n_trials!r} must be a positive integer")
+    if not _is_int(s.n_jobs) or s.n_jobs < 1:
+        raise SweepConfigError(f"hydra.sweeper.n_jobs={s.n_jobs!r} must be a positive integer")
+    if s.metrics is not None:
+        if not s.metrics or not all(isinstance(m, str) for m in s.metrics):
+            raise SweepConfigError(f"hpo.metric={s.metrics} must name one or more summary keys")
+        if len(s.directions) != len(s.metrics):
             raise SweepConfigError(
-                f"hpo.direction={d!r} is not allowed; choose one of: minimize, maximize"
+                f"{s.direction_key} has {len(s.directions)} entries but hpo.metric has "
+                f"{len(s.metrics)}; give one direction per metric"
             )
-    if len(s.directions) != len(s.metrics):
-        raise SweepConfigError(
-            f"hpo.direction has {len(s.directions)} entries but hpo.metric has {len(s.metrics)}; "
-            "give one direction per metric"
-        )
-    if s.sampler_object is None:
-        _check_sampler(s)
     if s.pruner not in PRUNERS:
         raise SweepConfigError(
             f"hpo.pruner={s.pruner!r} is not allowed; choose one of: {', '.join(PRUNERS)}"
         )
-    if not 0.0 <= s.max_failure_rate <= 1.0:
-        raise SweepConfigError(f"hpo.max_failure_rate={s.max_failure_rate} must be in [0, 1]")
+    f = s.failure
+    if not 0.0 <= f.max_rate <= 1.0:
+        raise SweepConfigError(f"{f.key}={f.max_rate} must be in [0, 1]")
+    _check_liveness(s.liveness)
+
+
+def _check_liveness(live: Liveness) -> None:
     for key in ("heartbeat_interval", "stale_after", "poll_interval"):
-        value = getattr(s, key)
+        value = getattr(live, key)
         if not (value > 0 and math.isfinite(value)):
             raise SweepConfigError(f"hpo.{key}={value} must be a positive number of seconds")
-    if s.stale_after <= s.heartbeat_interval:
+    if live.stale_after <= live.heartbeat_interval:
         raise SweepConfigError(
-            f"hpo.stale_after={s.stale_after} must exceed hpo.heartbeat_interval="
-            f"{s.heartbeat_interval}, or live trials would be failed as stale"
+            f"hpo.stale_after={live.stale_after} must exceed hpo.heartbeat_interval="
+            f"{live.heartbeat_interval}, or live trials would be failed as stale"
         )
+    if live.retry_stale < 0:
+        raise SweepConfigError(f"hpo.retry_stale={live.retry_stale} must be 0 or more")
 
 
-def _check_sampler(s: HpoSettings) -> None:
-    if s.sampler not in SAMPLERS:
-        raise SweepConfigError(
-            f"hpo.sampler={s.sampler!r} is not allowed; choose one of: {', '.join(SAMPLERS)}"
-        )
-    if s.multi_objective and s.sampler not in MULTI_OBJECTIVE_SAMPLERS:
-        raise SweepConfigError(
-            f"hpo.sampler={s.sampler} cannot optimize {len(s.metrics)} objectives; "
-            f"use one of: {', '.join(MULTI_OBJECTIVE_SAMPLERS)}"
-        )
-    needs = {"cmaes": ("cmaes",), "gp": ("scipy", "torch"), "qmc": ("scipy",)}.get(s.sampler, ())
-    for module in needs:
-        if importlib.util.find_spec(module) is None:
-            raise SweepConfigError(
-                f"hpo.sampler={s.sampler} needs the '{module}' package (pip install {module})"
-            )
-
-
-def oom_constraint(trial: Any) -> list[float]:
-    """Optuna constraint: > 0 (violated) for trials that ran out of memory.
-
-    TPE, GP and NSGA-II rank infeasible trials below feasible ones, so the sampler learns to
-    avoid settings that do not fit.
-    """
-    return [1.0 if trial.user_attrs.get("reason") == "oom" else 0.0]
-
-
-def _trial_has_constraints() -> bool:
-    from optuna.trial import Trial
-
-    return hasattr(Trial, "set_constraint")
-
-
-TRIAL_CONSTRAINTS = _trial_has_constraints()
-
-
-def record_oom_constraint(trial: Any, oom: bool) -> None:
-    """Optuna >= 5: mark the trial feasible (0) or not (1, it ran out of memory)."""
-    if TRIAL_CONSTRAINTS:
-        trial.set_constraint("oom", 1.0 if oom else 0.0)
-
-
-def _accepts(cls: type, name: str) -> bool:
-    return name in inspect.signature(cls.__init__).parameters
-
-
-def build_sampler(s: HpoSettings) -> Any:
-    import optuna
-
-    if s.sampler_object is not None:
-        return s.sampler_object
-    cls = {
-        "tpe": optuna.samplers.TPESampler,
-        "random": optuna.samplers.RandomSampler,
-        "cmaes": optuna.samplers.CmaEsSampler,
-        "gp": optuna.samplers.GPSampler,
-        "qmc": optuna.samplers.QMCSampler,
-        "nsga2": optuna.samplers.NSGAIISampler,
-    }[s.sampler]
-    kwargs: dict[str, Any] = {"seed": s.seed, **s.sampler_args}
-    # Optuna 5 reads constraints set on the trial (see `record_oom_constraint`); 4.x needs the
-    # sampler's constraints_func, where the sampler accepts one.
-    if not TRIAL_CONSTRAINTS and _accepts(cls, "constraints_func"):
-        kwargs.setdefault("constraints_func", oom_constraint)
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise SweepConfigError(
-            f"hpo.sampler_args={s.sampler_args} do not fit {cls.__name__}: {e}"
-        ) from None
-
-
-def build_pruner(s: HpoSettings) -> Any:
-    import optuna
-
-    if s.multi_objective:  # Optuna cannot prune multi-objective trials
-        return optuna.pruners.NopPruner()
-    if s.pruner == "none":
-        return optuna.pruners.NopPruner()
-    cls = {
-        "median": optuna.pruners.MedianPruner,
-        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-        "hyperband": optuna.pruners.HyperbandPruner,
-    }[s.pruner]
-    args = {**PRUNER_DEFAULTS.get(s.pruner, {}), **s.pruner_args}
-    try:
-        return cls(**args)
-    except TypeError as e:
-        raise SweepConfigError(
-            f"hpo.pruner_args={s.pruner_args} do not fit {cls.__name__}: {e}"
-        ) from None
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

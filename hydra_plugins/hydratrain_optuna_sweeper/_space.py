@@ -1,14 +1,17 @@
 """Search space: Hydra override expressions -> Optuna distributions, via Hydra's own parser.
 
-Semantics follow the stock hydra-optuna-sweeper so its configs behave the same here:
-choice(...) -> categorical; range(a, b, step) -> int/float grid with b *inclusive*;
-interval(a, b) -> uniform (int when both ends are ints); tag(log, interval(...)) -> log scale;
-any non-sweep value is passed to every trial unchanged.
+Semantics follow the stock hydra-optuna-sweeper so its configs mean the same here:
+choice(...) -> categorical (lists and dicts become their override text, as stock);
+range(a, b, step) -> int/float steps with b *inclusive*; interval(a, b) -> uniform (int when
+both ends are ints); tag(log, interval(...)) -> log scale; a plain value is fixed: passed to
+every job and recorded as a user attribute; `~key` is passed to every job (and drops `key`
+from the space). Our addition: a key whose value is null is dropped from the space.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -29,56 +32,117 @@ from optuna.distributions import (
 )
 from optuna.trial import Trial
 
-from ._settings import SweepConfigError
+from ._errors import SweepConfigError, first_line
 
 
-def parse_space(
-    entries: list[tuple[str, str]],
-) -> tuple[dict[str, BaseDistribution], dict[str, str]]:
-    """(source, 'key=value') pairs -> (distributions, fixed overrides); later entries win."""
+@dataclass(frozen=True)
+class Entry:
+    """One `key=expression` and the setting it came from (named in error lines)."""
+
+    source: str  # hydra.sweeper.params.KEY, hpo.params.KEY, or KEY (the command line)
+    text: str
+    drop: bool = False  # a null value: `text` is the key alone, and it is not searched
+
+    @classmethod
+    def argument(cls, text: str) -> Entry:
+        return cls(text.partition("=")[0].lstrip("~+"), text)
+
+    @property
+    def shown(self) -> str:
+        """`setting=expression`, as an error line names it."""
+        return f"{self.source}={self.text.partition('=')[2]}"
+
+
+@dataclass
+class SearchSpace:
+    distributions: dict[str, BaseDistribution] = field(default_factory=dict)
+    # categorical value -> its override text (a list choice is sampled as its text, as stock)
+    choice_texts: dict[str, dict[Any, str]] = field(default_factory=dict)
+    fixed: dict[str, str] = field(default_factory=dict)  # key -> value text
+    deletions: list[str] = field(default_factory=list)  # ~key overrides, passed to every job
+    shown: dict[str, str] = field(default_factory=dict)  # key -> setting=expression
+
+    def override(self, key: str, value: Any) -> str:
+        """`key=value` as Hydra parses it back to `value`."""
+        text = self.choice_texts.get(key, {}).get(value)
+        return f"{key}={format_value(value) if text is None else text}"
+
+    def fixed_overrides(self, exclude: Mapping[str, Any]) -> list[str]:
+        return [f"{k}={v}" for k, v in self.fixed.items() if k not in exclude]
+
+    def grid(self) -> dict[str, list[Any]]:
+        """The values GridSampler visits, as the stock sweeper builds them (its range ends
+        *before* the upper end, unlike the other samplers)."""
+        return {k: _grid_values(self.shown[k], d) for k, d in self.distributions.items()}
+
+
+def params_entries(params: Mapping[str, Any] | None, prefix: str) -> list[Entry]:
+    """A params mapping (hydra.sweeper.params or hpo.params) as entries; null drops a key."""
+    return [
+        Entry(f"{prefix}.{k}", str(k), drop=True)
+        if v is None
+        else Entry(f"{prefix}.{k}", f"{k}={v}")
+        for k, v in (params or {}).items()
+    ]
+
+
+def parse_space(entries: list[Entry]) -> SearchSpace:
+    """Entries in order (config, then command line): a later entry for a key replaces an
+    earlier one, keeping its place."""
     parser = OverridesParser.create()
-    space: dict[str, BaseDistribution] = {}
-    fixed: dict[str, str] = {}
-    for source, text in entries:
-        override = _parse_one(parser, source, text)
+    space = SearchSpace()
+    for entry in entries:
+        if entry.drop:
+            _drop(space, entry.text)
+            continue
+        override = _parse_one(parser, entry)
         key = override.get_key_element()
-        space.pop(key, None)
-        fixed.pop(key, None)
-        if override.is_sweep_override():
-            space[key] = _distribution(source, override)
+        if override.is_delete():
+            _drop(space, key.lstrip("~"))
+            space.deletions.append(entry.text)
+        elif override.is_sweep_override():
+            space.fixed.pop(key, None)
+            space.distributions[key], texts = _distribution(entry.shown, override)
+            space.choice_texts[key] = texts
+            space.shown[key] = entry.shown
         else:
-            fixed[key] = text
-    return space, fixed
+            space.distributions.pop(key, None)
+            space.fixed[key] = override.get_value_element_as_str()
+    return space
 
 
-def _parse_one(parser: OverridesParser, source: str, text: str) -> Override:
+def _drop(space: SearchSpace, key: str) -> None:
+    space.distributions.pop(key, None)
+    space.choice_texts.pop(key, None)
+    space.fixed.pop(key, None)
+
+
+def _parse_one(parser: OverridesParser, entry: Entry) -> Override:
     try:
-        return parser.parse_overrides([text])[0]
+        return parser.parse_overrides([entry.text])[0]
     except HydraException as e:
-        first = str(e).strip().splitlines()[0]
-        raise SweepConfigError(f"{source}: cannot parse {text!r}: {first}") from None
+        raise SweepConfigError(f"{entry.shown}: cannot parse: {first_line(e)}") from None
 
 
-def _distribution(source: str, override: Override) -> BaseDistribution:
+def _distribution(shown: str, override: Override) -> tuple[BaseDistribution, dict[Any, str]]:
     value = override.value()
     try:
         if isinstance(value, ChoiceSweep) or (isinstance(value, RangeSweep) and value.shuffle):
-            return CategoricalDistribution(_choices(override))
+            return _categorical(override)
         if isinstance(value, RangeSweep):
-            return _range(value)
+            return _range(value), {}
         if isinstance(value, IntervalSweep):
-            return _interval(value)
+            return _interval(value), {}
     except (ValueError, TypeError) as e:
-        raise SweepConfigError(f"{source}: {e}") from None
-    raise SweepConfigError(f"{source}: {type(value).__name__} is not supported by this sweeper")
+        raise SweepConfigError(f"{shown}: {e}") from None
+    raise SweepConfigError(f"{shown}: {type(value).__name__} is not supported by this sweeper")
 
 
-def _choices(override: Override) -> list[Any]:
-    choices = list(override.sweep_iterator(transformer=Transformer.identity))
-    for c in choices:
-        if not isinstance(c, str | int | float | bool | type(None)):
-            raise TypeError(f"choice() takes str, int, float, bool or null values, got {c!r}")
-    return choices
+def _categorical(override: Override) -> tuple[CategoricalDistribution, dict[Any, str]]:
+    values = list(override.sweep_iterator(transformer=Transformer.identity))
+    sampled = [Transformer.encode(v) for v in values]  # stock: lists and dicts as their text
+    texts = {s: Transformer.str(v) for s, v in zip(sampled, values, strict=True)}
+    return CategoricalDistribution(sampled), texts
 
 
 def _range(value: RangeSweep) -> BaseDistribution:
@@ -95,6 +159,19 @@ def _interval(value: IntervalSweep) -> BaseDistribution:
     return FloatDistribution(float(value.start), float(value.end), log=log)
 
 
+def _grid_values(shown: str, dist: BaseDistribution) -> list[Any]:
+    if isinstance(dist, CategoricalDistribution):
+        return list(dist.choices)
+    step = getattr(dist, "step", None)
+    if isinstance(dist, IntDistribution | FloatDistribution) and step and not dist.log:
+        n = int((dist.high - dist.low) // step)
+        return [dist.low + i * step for i in range(n)]
+    raise SweepConfigError(
+        f"{shown}: the grid sampler needs discrete values (choice or range); "
+        f"this is a continuous interval"
+    )
+
+
 def suggest(trial: Trial, name: str, dist: BaseDistribution) -> Any:
     """Sample through the public suggest_* API (stable across Optuna 4 and 5)."""
     if isinstance(dist, CategoricalDistribution):
@@ -107,17 +184,24 @@ def suggest(trial: Trial, name: str, dist: BaseDistribution) -> Any:
     raise TypeError(f"unsupported distribution {dist!r}")
 
 
+def ends(dist: BaseDistribution) -> list[Any]:
+    """The values a search-space check tries: every choice, or both ends."""
+    if isinstance(dist, CategoricalDistribution):
+        return list(dist.choices)
+    return [dist.low, dist.high]  # type: ignore[attr-defined]
+
+
 SpaceHook = Callable[[Any, Trial], Mapping[str, Any] | None]
 
 
-def load_hook(path: str | None) -> SpaceHook | None:
+def load_hook(path: str | None, key: str) -> SpaceHook | None:
     """The conditional-space hook: `fn(cfg, trial) -> {key: value} | None` by dotted path."""
     if not path:
         return None
     try:
         return get_method(path)
     except Exception as e:
-        raise SweepConfigError(f"hpo.search_space_fn={path!r} cannot be imported: {e}") from None
+        raise SweepConfigError(f"{key}={path!r} cannot be imported: {first_line(e)}") from None
 
 
 def format_value(value: Any) -> str:

@@ -1,4 +1,9 @@
-"""The Sweeper Hydra instantiates. Thin on purpose: Optuna is imported only when a sweep runs."""
+"""The Sweepers Hydra instantiates. Thin on purpose: Optuna is imported only when a sweep runs.
+
+`OptunaSweeper` answers to `hydra/sweeper=optuna` (stock keys, stock defaults);
+`HydratrainOptunaSweeper` to `hydra/sweeper=hydratrain_optuna`, which `hpo=optuna` selects.
+They differ only in what an unset (null) `storage` and `study_name` mean.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,16 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from .config import HydratrainOptunaSweeperConf  # noqa: F401  (registers the config node)
+from .config import HydratrainOptunaSweeperConf  # noqa: F401  (registers the config nodes)
 
 
-class HydratrainOptunaSweeper(Sweeper):
+class OptunaSweeper(Sweeper):
+    stock_node = True  # null storage: in memory; null study_name: a fresh study
+
     def __init__(self, **options: Any) -> None:
         from ._impl import OptunaSweeperImpl
 
-        self.sweeper = OptunaSweeperImpl(options)
+        self.sweeper = OptunaSweeperImpl(options, stock_node=self.stock_node)
 
     def setup(
         self,
@@ -28,3 +35,7 @@ class HydratrainOptunaSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         return self.sweeper.sweep(arguments)
+
+
+class HydratrainOptunaSweeper(OptunaSweeper):
+    stock_node = False  # null storage and study_name: hpo.storage and hpo.study_name

@@ -1,9 +1,10 @@
 """The trial reporter a training job uses to talk to its Optuna trial.
 
-The job finds its trial from `cfg.hpo` alone (study_name, storage, trial_number, all passed by
-the sweeper as overrides), so it works in another process or on another machine. When the job
-runs in the sweeper's own process the live trial is taken from a registry instead, sparing a
-second handle on the storage. Imports stay light here: Hydra's plugin scan imports this module.
+The sweeper names this module's `reporter_for_job` in each job's `hpo.reporter`, with the
+study, its storage and the trial number, so app/objective.py finds it without importing this
+package. When the job runs in the sweeper's own process the live trial is taken from a
+registry; in another process it is rebuilt from the storage. Imports stay light here: Hydra's
+plugin scan imports this module.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import logging
 import math
 from typing import Any
+
+from app.objective import NullReporter
 
 log = logging.getLogger(__name__)
 
@@ -27,22 +30,29 @@ def unregister_live_trial(storage: str, study_name: str, number: int) -> None:
 
 
 class OptunaReporter:
-    """Reports one metric per evaluation (step = optimizer step) and asks the pruner."""
+    """Reports one metric per evaluation (step = optimizer step) and asks the pruner.
+
+    A trial that another worker failed as stale (this one was paused past hpo.stale_after)
+    can no longer be changed: the job then goes on without reporting, after one warning."""
 
     def __init__(self, trial: Any, metric: str, can_prune: bool) -> None:
         self.trial = trial
         self.metric = metric
         self.can_prune = can_prune
         self._warned = False
+        self._detached = False
 
     def report(self, step: int, metrics: dict[str, float]) -> bool:
         value = self._pick(metrics)
-        if value is None or not self.can_prune:
+        if value is None or not self.can_prune or self._detached:
             return False
         if not math.isfinite(value):  # divergence is the trainer's call, not the pruner's
             return False
+        return bool(self._call(lambda: self._report(value, step)))
+
+    def _report(self, value: float, step: int) -> bool:
         self.trial.report(value, step)
-        return bool(self.trial.should_prune())
+        return self.trial.should_prune()
 
     def _pick(self, metrics: dict[str, float]) -> float | None:
         for key in (self.metric, self.metric.removeprefix("final_"), f"final_{self.metric}"):
@@ -58,8 +68,26 @@ class OptunaReporter:
         return None
 
     def set_attrs(self, attrs: dict[str, Any]) -> None:
+        if self._detached:
+            return
         for key, value in attrs.items():
-            self.trial.set_user_attr(key, _jsonable(value))
+            self._call(lambda k=key, v=value: self.trial.set_user_attr(k, _jsonable(v)))
+
+    def _call(self, fn: Any) -> Any:
+        from . import _private as private
+        from ._storage import retrying
+
+        try:
+            with private.finished_trial_guard():
+                return retrying(fn, f"report to trial {self.trial.number}")
+        except private.TrialFinished:
+            self._detached = True
+            log.warning(
+                "Trial %d was finished by another worker (failed as stale while this one was "
+                "away): this run goes on without reporting to it",
+                self.trial.number,
+            )
+            return None
 
 
 def _jsonable(value: Any) -> Any:
@@ -75,17 +103,14 @@ def _jsonable(value: Any) -> Any:
 
 
 def reporter_for_job(cfg: Any) -> Any:
-    """The reporter for this job's trial; a no-op when the job is not a sweep trial."""
-    from app.objective import NullReporter
-
-    hpo = cfg.get("hpo")
-    number = hpo.get("trial_number") if hpo is not None else None
-    if number is None:  # hpo=optuna in a single run: nothing to report to
-        return NullReporter()
-    storage, study_name = str(hpo.storage), str(hpo.study_name)
-    trial = _LIVE_TRIALS.get((storage, study_name, int(number)))
+    """The reporter for this job's trial (cfg.hpo names it)."""
+    hpo = cfg.hpo
+    storage, study_name, number = str(hpo.storage), str(hpo.study_name), int(hpo.trial_number)
+    trial = _LIVE_TRIALS.get((storage, study_name, number))
     if trial is None:
-        trial = _trial_from_storage(hpo, storage, study_name, int(number))
+        trial = _trial_from_storage(hpo, storage, study_name, number)
+    if trial is None:
+        return NullReporter()
     metric = str(hpo.get("report_metric") or "val_loss")
     return OptunaReporter(trial, metric, can_prune=len(trial.study.directions) == 1)
 
@@ -94,17 +119,22 @@ def _trial_from_storage(hpo: Any, storage: str, study_name: str, number: int) ->
     """Rebuild the running trial in this process from the shared storage."""
     import optuna
 
-    from ._settings import build_pruner, read_settings
-    from ._study import open_storage
+    from . import _private as private
+    from ._samplers import build_pruner
+    from ._settings import read_hpo
+    from ._storage import MEMORY, Masker, open_storage, storage_spec
 
-    settings = read_settings(hpo, {})
-    store = open_storage(storage)
+    if storage == MEMORY:  # only the sweeper's process can reach it
+        log.warning("trial %d: a study in memory takes no reports from another process", number)
+        return None
+    settings = read_hpo(hpo)
+    spec = storage_spec(storage, "hpo.storage", ".", null_is_memory=False)
+    store = open_storage(spec, Masker.of([storage]))
     # The sampler is never used here (the sweeper sampled already): random keeps it cheap.
     study = optuna.load_study(
         study_name=study_name,
         storage=store,
         sampler=optuna.samplers.RandomSampler(),
-        pruner=build_pruner(settings),
+        pruner=build_pruner(settings.pruner, dict(settings.pruner_args), 1),
     )
-    trial_id = store.get_trial_id_from_study_id_trial_number(study._study_id, number)
-    return optuna.trial.Trial(study, trial_id)
+    return private.live_trial(study, number)

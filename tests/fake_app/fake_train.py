@@ -1,4 +1,5 @@
-"""A fake trainer with the real contract: reporter, outcomes, summary.json, return value.
+"""A fake trainer with the real contract: reporter, outcomes, summary.json, return value, and
+SIGTERM/SIGINT preemption (finish the evaluation, write the summary, raise Preempted).
 
 The loss curve is a deterministic function of the sampled lr, so tests can predict pruning.
 """
@@ -9,16 +10,36 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from app.hpo_config import HpoConfig
 from app.objective import build_reporter, objective_value
-from app.outcomes import Diverged, Pruned, TrainingOOM
+from app.outcomes import Diverged, Preempted, Pruned, TrainingOOM
+from app.preemption import StopRequest, stop_on_signals
 
 _KEEP: list[bytearray] = []
+
+
+@dataclass
+class FakeConfig:
+    """The root schema: like app/config.py's, it types the hpo group (the rest is free)."""
+
+    model: Any = None
+    data: Any = None
+    training: Any = None
+    fake: Any = None
+    objective: Any = "final_val_loss"
+    hpo: HpoConfig | None = None
+
+
+ConfigStore.instance().store(name="fake_schema", node=FakeConfig)
 
 
 def loss_at(step: int, lr: float) -> float:
@@ -40,17 +61,15 @@ def main(cfg: DictConfig) -> float | list[float]:
         raise TrainingOOM(f"fake OOM at effective batch {t.effective_batch_size}")
     if f.error_above_lr is not None and t.lr > f.error_above_lr:
         raise RuntimeError(f"fake error at lr {t.lr}")
-    loss = float("nan")
-    for step in range(0, t.max_steps + 1, t.eval_every):
-        time.sleep(f.step_sleep)
-        loss = loss_at(step, t.lr)
-        if f.diverge_above_lr is not None and t.lr > f.diverge_above_lr and step > 0:
-            raise Diverged(f"validation loss is nan at step {step}")
-        if reporter.report(step, {"val_loss": loss, "final_val_loss": loss}):
-            raise Pruned(f"pruned at step {step}")
+    time.sleep(f.setup_sleep)  # a signal now reaches the sweeper's handler, not this run's
+    stop = StopRequest()
+    with stop_on_signals(stop):
+        loss, step = _train(t, f, reporter, stop)
     run_dir = HydraConfig.get().runtime.output_dir
     summary = {
-        "status": "completed",
+        "status": "preempted" if stop.requested else "completed",
+        "steps": step,
+        "resumed_from": t.get("resume"),
         "final_val_loss": loss,
         "tokens_per_sec": 1000.0 * t.effective_batch_size,
         "micro_batch_size": t.micro_batch_size,
@@ -61,8 +80,24 @@ def main(cfg: DictConfig) -> float | list[float]:
     }
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     Path(run_dir, "summary.json").write_text(json.dumps(summary))
+    if stop.requested:
+        raise Preempted(f"{stop.name}: stopped after step {step}", signum=stop.signum, step=step)
     reporter.set_attrs({k: summary[k] for k in summary if k != "final_val_loss"})
     return objective_value(summary, cfg.objective)
+
+
+def _train(t, f, reporter, stop: StopRequest) -> tuple[float, int]:
+    loss, step = float("nan"), 0
+    for step in range(0, t.max_steps + 1, t.eval_every):
+        time.sleep(f.step_sleep)
+        loss = loss_at(step, t.lr)
+        if f.diverge_above_lr is not None and t.lr > f.diverge_above_lr and step > 0:
+            raise Diverged(f"validation loss is nan at step {step}")
+        if reporter.report(step, {"val_loss": loss, "final_val_loss": loss}):
+            raise Pruned(f"pruned at step {step}")
+        if stop.requested and step < t.max_steps:
+            break
+    return loss, step
 
 
 if __name__ == "__main__":

@@ -1,0 +1,47 @@
+"""Schema of the `hpo` group: the settings of `-m hpo=optuna`, one default each.
+
+The sweeper (hydra_plugins/hydratrain_optuna_sweeper) reads them; the trial a job reports to
+is named by the sweeper in `trial_number` and `reporter`. conf/hpo/optuna.yaml sets only what
+differs from these defaults. README, "Hyperparameter search", says what each one means next
+to the stock sweeper's `hydra.sweeper.*` keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class HpoConfig:
+    study_name: str = "hydratrain"
+    # A path: an Optuna journal file; a URL (postgresql://..., sqlite:///...): an RDB storage;
+    # null: <hydra.sweep.dir>/study.journal. `${oc.env:VAR}` keeps a password out of files.
+    storage: str | None = None
+    n_trials: int = 20  # study-wide total: a rerun continues toward it
+    # minimize | maximize, or one per metric; null: each metric's own (loss down, tokens/s up)
+    direction: Any = None
+    metric: Any = "final_val_loss"  # summary.json key(s) the study optimizes
+    report_metric: str = "val_loss"  # reported at each evaluation, for pruning
+    sampler: str = "tpe"  # an option of hydra/sweeper/sampler: tpe, random, cmaes, nsgaii, ...
+    # Mappings, typed Any with null for none: `hpo.sampler_args={population_size: 10}` on the
+    # command line then sets keys that are not there yet (Hydra refuses new keys in a dict).
+    sampler_args: Any = None  # fields of that sampler config
+    seed: int | None = 0  # the sampler's seed unless sampler_args sets one
+    pruner: str = "median"  # median | successive_halving | hyperband | none
+    pruner_args: Any = None  # arguments of the Optuna pruner
+    max_failure_rate: float = 0.5  # FAIL share of this worker's trials that stops it
+    min_trials_for_failure_rate: int = 4
+    heartbeat_interval: float = 15.0  # seconds between heartbeats of a running trial
+    stale_after: float = 120.0  # a RUNNING trial without a heartbeat this long is failed
+    retry_stale: int = 0  # re-queue a stale trial this many times (same parameters)
+    wait_for_running: bool = True  # at the end, wait for other workers' trials
+    poll_interval: float = 2.0
+    enqueue: list[Any] = field(default_factory=list)  # parameter sets to try first
+    search_space_fn: str | None = None  # dotted path of fn(cfg, trial) -> {key: value} | None
+    # The default search space; a config's own hydra.sweeper.params replaces it whole, and a
+    # key set to null here is not searched.
+    params: Any = None
+    tensorboard: bool = True  # hparams per trial in <hydra.sweep.dir>/tensorboard
+    trial_number: int | None = None  # set by the sweeper for each job
+    reporter: str | None = None  # set by the sweeper: dotted path of fn(cfg) -> Reporter

@@ -1,0 +1,97 @@
+"""Checks that compose a job's config, so a bad sweep is one line before the study is touched.
+
+Every searched value is tried: each choice, both ends of a range or interval, composed into a
+job config with the other keys at their first value and put through the app's own validation
+(`app.config.validate`, the one a training run does on entry). Then `hpo.metric` and
+`hpo.report_metric` are checked against what a run of that config produces
+(`app.objective.objectives`), and the job's `objective` against `hpo.metric`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from app.config import ConfigError, TrainConfig, validate
+from app.objective import objectives
+from app.preflight import one_line
+
+from ._errors import SweepConfigError
+from ._settings import SweepSettings
+from ._space import SearchSpace, ends
+
+Compose = Callable[[list[str]], DictConfig]
+
+
+def check_space(compose: Compose, space: SearchSpace, config_name: str) -> DictConfig:
+    """The job config with the fixed overrides alone, after each searched value, composed
+    into it in turn, passed."""
+    cfg = _job_config(compose, space, {}, config_name, "hydra.sweeper.params / overrides")
+    for key, dist in space.distributions.items():
+        for value in ends(dist):
+            _job_config(compose, space, {key: value}, config_name, space.shown[key])
+    return cfg
+
+
+def _job_config(
+    compose: Compose, space: SearchSpace, point: dict[str, Any], config_name: str, where: str
+) -> DictConfig:
+    overrides = [
+        *space.fixed_overrides(point),
+        *(space.override(k, v) for k, v in point.items()),
+        *space.deletions,
+    ]
+    try:
+        cfg = compose(overrides)
+    except Exception as e:
+        raise SweepConfigError(f"{where}: {one_line(e, config_name)}") from None
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    if OmegaConf.get_type(cfg) is TrainConfig:  # a training run's config: the app's checks
+        try:
+            validate(cfg)
+        except ConfigError as e:
+            raise SweepConfigError(f"{where}: {e}") from None
+    return cfg
+
+
+def check_objectives(cfg: DictConfig, s: SweepSettings) -> None:
+    """hpo.metric and hpo.report_metric name what a run produces; a null direction becomes
+    the metric's own; the job returns hpo.metric."""
+    if s.metrics is None:  # the job's return value is the objective (stock)
+        s.directions = [d or "minimize" for d in s.directions]
+        return
+    known = objectives(cfg)
+    natural = known.final if known is not None else {}
+    if known is not None:
+        _one_of("hpo.metric", s.metrics, known.final, "a summary key a run writes")
+        _one_of("hpo.report_metric", [s.report_metric], known.reported, "reported at evaluations")
+    s.directions = [
+        d or natural.get(m, "minimize") for d, m in zip(s.directions, s.metrics, strict=True)
+    ]
+    _check_objective_key(cfg, s.metrics)
+
+
+def _one_of(key: str, names: Sequence[Any], allowed: dict[str, str], what: str) -> None:
+    for name in names:
+        if name not in allowed:
+            raise SweepConfigError(
+                f"{key}={name!r} is not {what}; choose one of: {', '.join(sorted(allowed))}"
+            )
+
+
+def _check_objective_key(cfg: DictConfig, metrics: list[str]) -> None:
+    if "objective" not in cfg:
+        return
+    returned = cfg.objective
+    if OmegaConf.is_config(returned):
+        returned = OmegaConf.to_container(returned, resolve=True)
+    as_list = [returned] if isinstance(returned, str) else list(returned or [])
+    if as_list != metrics:
+        shown = metrics[0] if len(metrics) == 1 else metrics
+        raise SweepConfigError(
+            f"objective={returned} but hpo.metric={shown}: the trials would return {returned}; "
+            "leave `objective` unset under hpo=optuna (it follows hpo.metric)"
+        )

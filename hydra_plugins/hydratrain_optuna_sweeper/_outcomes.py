@@ -1,0 +1,107 @@
+"""A job's return (value or exception) -> the trial's state, in one place.
+
+| the job                                   | trial state | user attr `reason` |
+|-------------------------------------------|-------------|--------------------|
+| returned float(s), finite                 | COMPLETE    |                    |
+| raised Pruned (the pruner said so)        | PRUNED      | pruned             |
+| ran out of memory even at micro-batch 1   | PRUNED      | oom (infeasible)   |
+| raised Diverged, or returned nan/inf      | FAIL        | diverged           |
+| raised Preempted (SIGTERM/SIGINT)         | FAIL        | preempted (*)      |
+
+(*) not counted toward the budget, queued again with the same parameters; the worker stops.
+| raised anything else, or returned junk    | FAIL        | error              |
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn
+from optuna.trial import TrialState
+
+from . import _private as private
+
+log = logging.getLogger(__name__)
+
+# Matched by class name, so a plain torch.OutOfMemoryError counts too.
+OOM_NAMES = {"TrainingOOM", "OutOfMemoryError"}
+PRUNED_NAMES = {"Pruned", "TrialPruned"}
+
+
+@dataclass
+class Outcome:
+    state: TrialState
+    values: list[float] | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    preempted_by: int | None = None  # the signal that stopped the job
+
+    @property
+    def failed(self) -> bool:
+        """A failure for max_failure_rate: FAIL, and not stopped by a signal."""
+        return self.state == TrialState.FAIL and self.preempted_by is None
+
+    @property
+    def reason(self) -> str:
+        return str(self.attrs.get("reason", ""))
+
+
+def classify(ret: JobReturn, n_objectives: int) -> Outcome:
+    value, exc = private.job_result(ret)
+    outcome = from_exception(exc) if exc is not None else from_value(value, n_objectives)
+    run_dir = _run_dir(ret)
+    if run_dir:
+        outcome.attrs = {"run_dir": run_dir, **outcome.attrs}
+    return outcome
+
+
+def from_exception(exc: BaseException) -> Outcome:
+    names = {c.__name__ for c in type(exc).__mro__}
+    if names & OOM_NAMES:
+        return Outcome(TrialState.PRUNED, attrs=error_attrs("oom", exc))
+    if names & PRUNED_NAMES:
+        return Outcome(TrialState.PRUNED, attrs={"reason": "pruned"})
+    if "Diverged" in names:
+        return Outcome(TrialState.FAIL, attrs=error_attrs("diverged", exc))
+    if "Preempted" in names:
+        signum = int(getattr(exc, "signum", 0) or signal.SIGTERM)
+        return Outcome(TrialState.FAIL, attrs=error_attrs("preempted", exc), preempted_by=signum)
+    log.warning("Trial failed", exc_info=(type(exc), exc, exc.__traceback__))
+    return Outcome(TrialState.FAIL, attrs=error_attrs("error", exc))
+
+
+def error_attrs(reason: str, exc: BaseException) -> dict[str, Any]:
+    return {"reason": reason, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+
+
+def from_value(value: Any, n: int) -> Outcome:
+    values = _as_floats(value)
+    if values is None or len(values) != n:
+        kind = "a float" if n == 1 else f"a list or tuple of {n} floats"
+        error = f"the job returned {value!r}; the study needs {kind}"
+        return Outcome(TrialState.FAIL, attrs={"reason": "error", "error": error})
+    if not all(math.isfinite(v) for v in values):
+        return Outcome(
+            TrialState.FAIL, attrs={"reason": "diverged", "error": f"objective {values}"}
+        )
+    return Outcome(TrialState.COMPLETE, values=values)
+
+
+def _as_floats(value: Any) -> list[float] | None:
+    try:
+        if isinstance(value, list | tuple):
+            return [float(v) for v in value]
+        return [float(value)]
+    except (TypeError, ValueError):
+        return None
+
+
+def _run_dir(ret: JobReturn) -> str | None:
+    try:
+        return str(Path(ret.hydra_cfg.hydra.runtime.output_dir).absolute())  # type: ignore[union-attr]
+    except Exception:
+        return None

@@ -1,0 +1,90 @@
+"""Every use of a private Optuna or Hydra attribute, and nothing else.
+
+Optuna's public API covers one process asking and telling its own trials. Several workers on
+one study also need to write system attributes (heartbeats, bookkeeping) on trials, fail a
+trial another worker owns as a claim only one worker wins, and rebuild a running trial in the
+job's process from its number. Hydra's public `JobReturn.return_value` prints to stderr and
+raises for a failed job, where the sweeper wants the exception as a value. And an update to a
+trial that another worker finished meanwhile raises `UpdateFinishedTrialError` from Optuna
+4.1 on, a plain RuntimeError before: `finished_trial_guard` turns both into `TrialFinished`.
+
+tests/test_sweeper_private_api.py exercises each function on every storage kind; CI runs it on
+Optuna 4.x as well as the installed 5.x (.ci/run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import optuna
+from hydra.core.utils import JobReturn, JobStatus
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+
+class TrialFinished(Exception):
+    """An update to a trial that was finished meanwhile (by another worker)."""
+
+
+def _update_finished(exc: BaseException) -> bool:
+    cls = getattr(optuna.exceptions, "UpdateFinishedTrialError", None)
+    if cls is not None:
+        return isinstance(exc, cls)
+    return isinstance(exc, RuntimeError) and "has already finished" in str(exc)
+
+
+@contextlib.contextmanager
+def finished_trial_guard() -> Iterator[None]:
+    """Raise TrialFinished for an update to a finished trial, whatever this Optuna raises."""
+    try:
+        yield
+    except Exception as e:
+        if _update_finished(e):
+            raise TrialFinished(str(e)) from None
+        raise
+
+
+def storage_of(study: optuna.Study) -> BaseStorage:
+    return study._storage
+
+
+def trial_id(trial: Trial | FrozenTrial) -> int:
+    return trial._trial_id
+
+
+def set_system_attr(study: optuna.Study, trial: Trial | FrozenTrial, key: str, value: Any) -> None:
+    storage_of(study).set_trial_system_attr(trial_id(trial), key, value)
+
+
+def set_user_attr(study: optuna.Study, trial: Trial | FrozenTrial, key: str, value: Any) -> None:
+    """A user attribute on any running trial, this worker's or another's."""
+    storage_of(study).set_trial_user_attr(trial_id(trial), key, value)
+
+
+def frozen(study: optuna.Study, trial: Trial | FrozenTrial) -> FrozenTrial:
+    """The trial as the storage has it now (another worker may have changed it)."""
+    return storage_of(study).get_trial(trial_id(trial))
+
+
+def claim_failed(study: optuna.Study, trial: FrozenTrial) -> bool:
+    """Move a RUNNING trial to FAIL; True only for the one caller whose update did it."""
+    try:
+        with finished_trial_guard():
+            return bool(storage_of(study).set_trial_state_values(trial_id(trial), TrialState.FAIL))
+    except TrialFinished:
+        return False
+
+
+def live_trial(study: optuna.Study, number: int) -> Trial:
+    """A `Trial` for the running trial `number`, in a process that did not ask for it."""
+    storage = storage_of(study)
+    return Trial(study, storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
+
+
+def job_result(ret: JobReturn) -> tuple[Any, BaseException | None]:
+    """(return value, None) for a job that completed, (None, its exception) otherwise."""
+    if ret.status == JobStatus.COMPLETED:
+        return ret._return_value, None
+    return None, ret._return_value

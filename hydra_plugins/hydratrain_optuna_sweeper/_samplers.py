@@ -1,0 +1,177 @@
+"""Samplers and pruners, built for the installed Optuna with one line for anything wrong.
+
+Both `hydra/sweeper/sampler=NAME` (the stock configs, their fields) and `hpo.sampler=NAME`
+(the same configs, `hpo.sampler_args` as their fields, seeded by `hpo.seed`) end here. A field
+left null, or at the sampler's own default, is not passed, so a field this Optuna version
+deprecated stays quiet until someone sets it; a field it does not know is one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Any
+
+import optuna
+from omegaconf import DictConfig, OmegaConf
+
+from app.hpo_config import HpoConfig
+
+from ._errors import SweepConfigError, first_line
+from .config import MOTPE_REMOVED, SAMPLERS
+
+ALIASES = {"nsga2": "nsgaii"}  # our earlier name
+# Fields that mean something only beside another: the stock cmaes config sets inc_popsize=2,
+# which sizes restarts, and Optuna >= 4.4 warns about it even with no restart_strategy.
+ONLY_WITH = {"inc_popsize": "restart_strategy"}
+# Step 0 is the untrained model (the trainer evaluates it): never prune there.
+PRUNER_DEFAULTS = {"median": {"n_startup_trials": 3, "n_warmup_steps": 1}}
+
+
+def sampler_node(stock_sampler: Any, h: HpoConfig) -> DictConfig:
+    """The sampler's config node: hydra.sweeper.sampler when set, else built from hpo.*."""
+    if stock_sampler is not None:
+        return OmegaConf.create(_plain(stock_sampler))
+    name = ALIASES.get(h.sampler, h.sampler)
+    if name not in SAMPLERS:
+        allowed = ", ".join(sorted(n for n in SAMPLERS if n != "motpe"))
+        raise SweepConfigError(
+            f"hpo.sampler={h.sampler!r} is not allowed; choose one of: {allowed}"
+        )
+    node = OmegaConf.structured(SAMPLERS[name])
+    fields = {f.name for f in dataclasses.fields(SAMPLERS[name])}
+    for key, value in h.sampler_args.items():
+        if key not in fields or key.startswith("_"):
+            known = ", ".join(sorted(f for f in fields if not f.startswith("_")))
+            raise SweepConfigError(
+                f"hpo.sampler_args.{key}: no such field of the {name} sampler; known: {known}"
+            )
+        node[key] = value
+    if "seed" in fields and "seed" not in h.sampler_args:
+        node.seed = h.seed
+    return node
+
+
+def build_sampler(node: DictConfig, key: str, grid: Any, n_objectives: int, oom: bool) -> Any:
+    """The sampler; `grid()` gives GridSampler its values. `oom`: avoid trials that ran out of
+    memory (Optuna 4.x reads that from the sampler's constraints_func)."""
+    plain = _plain(node)
+    target = str(plain.get("_target_") or "")
+    if target.endswith("raise_motpe_removed"):
+        raise SweepConfigError(f"{key}=motpe: {MOTPE_REMOVED}")
+    cls = _sampler_class(target, key)
+    kwargs = {k: v for k, v in plain.items() if not k.startswith("_")}
+    if cls is optuna.samplers.GridSampler:
+        kwargs["search_space"] = grid()
+    if cls is optuna.samplers.CmaEsSampler and n_objectives > 1:
+        raise SweepConfigError(
+            f"{key}: CmaEsSampler optimizes one objective, this study has {n_objectives}"
+        )
+    passthrough = {}
+    if oom and not TRIAL_CONSTRAINTS and "constraints_func" in _parameters(cls):
+        passthrough["constraints_func"] = oom_constraint
+    return _instantiate(cls, target, _effective(cls, kwargs, key), passthrough, key)
+
+
+def _sampler_class(target: str, key: str) -> type:
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(target)
+    except Exception as e:
+        raise SweepConfigError(
+            f"{key}._target_={target!r} cannot be imported: {first_line(e)}"
+        ) from None
+    if not (isinstance(cls, type) and issubclass(cls, optuna.samplers.BaseSampler)):
+        raise SweepConfigError(f"{key}._target_={target!r} is not an Optuna sampler")
+    return cls
+
+
+def _parameters(cls: type) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(cls.__init__).parameters)
+
+
+def _effective(cls: type, kwargs: dict[str, Any], key: str) -> dict[str, Any]:
+    """The fields to pass: set, known to this Optuna, and not the sampler's own default."""
+    params = _parameters(cls)
+    out = {}
+    for name, value in kwargs.items():
+        if value is None or (name in ONLY_WITH and kwargs.get(ONLY_WITH[name]) is None):
+            continue
+        if name not in params and value == _stock_default(cls, name):
+            continue  # the stock config's default for a parameter this Optuna does not have
+        if name not in params:
+            known = ", ".join(p for p in params if p != "self")
+            raise SweepConfigError(
+                f"{key}.{name}={value!r} is not a parameter of {cls.__name__} in Optuna "
+                f"{optuna.__version__}; its parameters: {known}"
+            )
+        default = params[name].default
+        if type(value) is type(default) and value == default:
+            continue
+        out[name] = value
+    return out
+
+
+def _stock_default(cls: type, name: str) -> Any:
+    """The stock sampler config's default for `name`, or a value no user setting equals."""
+    target = f"{cls.__module__.split('._')[0]}.{cls.__name__}"  # optuna.samplers.TPESampler
+    for config in SAMPLERS.values():
+        for f in dataclasses.fields(config):
+            if f.name == "_target_" and f.default == target:
+                match = [g for g in dataclasses.fields(config) if g.name == name]
+                return match[0].default if match else _NO_DEFAULT
+    return _NO_DEFAULT
+
+
+_NO_DEFAULT = object()
+
+
+def _instantiate(cls: type, target: str, kwargs: dict, passthrough: dict, key: str) -> Any:
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate({"_target_": target, "_convert_": "all", **kwargs}, **passthrough)
+    except Exception as e:
+        cause = e.__cause__ or e
+        raise SweepConfigError(
+            f"{key}: {cls.__name__}({kwargs}) failed: {first_line(cause)}"
+        ) from None
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+
+
+def oom_constraint(trial: Any) -> list[float]:
+    """Optuna 4.x constraint: > 0 (violated) for trials that ran out of memory. TPE, GP and
+    NSGA-II rank infeasible trials below feasible ones, so the sampler avoids what does not fit."""
+    return [1.0 if trial.user_attrs.get("reason") == "oom" else 0.0]
+
+
+TRIAL_CONSTRAINTS = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5
+
+
+def record_oom_constraint(trial: Any, oom: bool) -> None:
+    """Optuna >= 5: mark the trial feasible (0) or not (1, it ran out of memory)."""
+    if TRIAL_CONSTRAINTS:
+        trial.set_constraint("oom", 1.0 if oom else 0.0)
+
+
+def build_pruner(name: str, args: dict[str, Any], n_objectives: int) -> Any:
+    if n_objectives > 1 or name == "none":  # Optuna cannot prune multi-objective trials
+        return optuna.pruners.NopPruner()
+    cls = {
+        "median": optuna.pruners.MedianPruner,
+        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+        "hyperband": optuna.pruners.HyperbandPruner,
+    }[name]
+    try:
+        return cls(**{**PRUNER_DEFAULTS.get(name, {}), **args})
+    except TypeError as e:
+        raise SweepConfigError(f"hpo.pruner_args={args} do not fit {cls.__name__}: {e}") from None
+
+
+def grid_size(grid: dict[str, list[Any]]) -> int:
+    return math.prod(len(v) for v in grid.values())

@@ -1,0 +1,296 @@
+"""The sweep loop of one worker: ask a batch -> launch its jobs -> tell, until the budget is spent.
+
+A batch is `n_jobs` trials handed to the configured Hydra launcher in one `launch()` call; the
+next batch is asked when the whole batch has ended (Hydra's launcher API returns per call).
+Several worker processes on one storage share a study with no barrier among them.
+
+SIGTERM or SIGINT between trials, or a trial whose job was preempted, stops the worker after
+it recorded its trials: a preempted trial is re-queued with its parameters (and
+`training.resume=<its run dir>`), and rerunning the command resumes the study.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from omegaconf import DictConfig
+from optuna.trial import Trial, TrialState
+
+from app.preemption import StopRequest, stop_on_signals
+
+from . import _private as private
+from . import reporter
+from ._errors import SweepAborted, first_line
+from ._outcomes import Outcome, classify, error_attrs
+from ._results import HParamsWriter, write_results
+from ._samplers import record_oom_constraint
+from ._settings import SweepSettings
+from ._space import SearchSpace, SpaceHook, format_value, suggest
+from ._storage import Masker, retrying
+from ._study import Budget, budget_lock, heartbeat, requeue
+
+log = logging.getLogger(__name__)
+REPORTER = "hydra_plugins.hydratrain_optuna_sweeper.reporter.reporter_for_job"
+BETWEEN_TRIALS = "finishing the trials of this batch, then stopping (send it again to stop at once)"
+
+
+@dataclass
+class Plan:
+    """Everything a worker needs, decided before its first trial."""
+
+    settings: SweepSettings
+    study: optuna.Study
+    budget: Budget
+    space: SearchSpace
+    hook: SpaceHook | None
+    config: DictConfig  # the sweep's (master) config, handed to the search-space hook
+    launcher: Any
+    sweep_dir: str
+    job_storage: str  # hpo.storage as jobs get it (never a password)
+    mask: Masker
+    constraints: bool  # mark out-of-memory trials infeasible, for the sampler
+
+
+class Worker:
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.s = plan.settings
+        self.study = plan.study
+        self.stop = StopRequest()
+        self.hparams = HParamsWriter(plan.sweep_dir) if self.s.tensorboard else None
+        self.finished = 0
+        self.failed = 0
+
+    def run(self) -> int:
+        """Run trials until the budget is spent; 0, or 128 + the signal that stopped it."""
+        with stop_on_signals(self.stop, then=BETWEEN_TRIALS):
+            self._enqueue_initial()
+            try:
+                while not self.stop.requested and (trials := self._next_trials()):
+                    self._run_batch(trials)
+            finally:
+                if self.hparams is not None:
+                    self.hparams.close()
+                path = self._write_results()
+                log.info("Results in %s", path)
+        return self.stop.exit_status if self.stop.requested else 0
+
+    def _write_results(self) -> Any:
+        p = self.plan
+        return write_results(
+            self.study, p.mask(p.settings.storage.text), self.s.metrics, p.sweep_dir
+        )
+
+    def _enqueue_initial(self) -> None:
+        """hpo.enqueue: parameter sets to try first, queued once when the study is new."""
+        if not self.s.enqueue:
+            return
+        with budget_lock(self.s.storage.lock_path):
+            if self.study.get_trials(deepcopy=False):
+                return
+            for params in self.s.enqueue:
+                self.study.enqueue_trial(dict(params))
+
+    def _next_trials(self) -> list[Trial]:
+        """The next batch; at the end of a study-wide budget, wait for other workers' running
+        trials (failing them if they go stale) so the results describe the whole study."""
+        while True:
+            trials = self.plan.budget.next_trials(self.s.n_jobs)
+            waiting = self.s.liveness.wait_for_running and self.plan.budget.others_running()
+            if trials or not waiting or self.stop.requested:
+                return trials
+            time.sleep(self.s.liveness.poll_interval)
+
+    def _run_batch(self, trials: list[Trial]) -> None:
+        jobs = []
+        for trial in trials:
+            try:
+                jobs.append((trial, self._overrides(trial)))
+            except Exception as e:  # a broken search-space hook fails this trial only
+                self._tell(trial, Outcome(TrialState.FAIL, attrs=error_attrs("error", e)))
+        outcomes = self._launch(jobs)
+        rss = release_memory()
+        for (trial, _), outcome in zip(jobs, outcomes, strict=True):
+            outcome.attrs["host_rss_bytes"] = rss
+            self._tell(trial, outcome)
+        self._check_failures(outcomes)
+
+    def _launch(self, jobs: list[tuple[Trial, list[str]]]) -> list[Outcome]:
+        p = self.plan
+        if not jobs:
+            return []
+        trials = [t for t, _ in jobs]
+        for trial in trials:
+            reporter.register_live_trial(p.job_storage, self.study.study_name, trial)
+        try:
+            with heartbeat(self.study, trials, self.s.liveness.heartbeat_interval):
+                returns = []
+                for group in consecutive(jobs):  # job number = trial number: its run dir
+                    overrides = [o for _, o in group]
+                    returns += p.launcher.launch(overrides, initial_job_idx=group[0][0].number)
+            outcomes = [classify(ret, len(self.s.directions)) for ret in returns]
+            del returns  # a failed job's traceback pins its model: drop it before the next
+            return outcomes
+        except Exception as e:  # the launcher itself failed
+            return [Outcome(TrialState.FAIL, attrs=error_attrs("error", e)) for _ in jobs]
+        finally:
+            for trial in trials:
+                reporter.unregister_live_trial(p.job_storage, self.study.study_name, trial.number)
+
+    def _overrides(self, trial: Trial) -> list[str]:
+        p = self.plan
+        for name, dist in p.space.distributions.items():
+            suggest(trial, name, dist)
+        extra = dict(p.hook(p.config, trial) or {}) if p.hook else {}
+        chosen = {**trial.params, **extra}
+        for key, text in p.space.fixed.items():  # as stock: fixed values as user attrs
+            if key not in chosen:
+                trial.set_user_attr(key, p.mask(text))
+        resume = trial.user_attrs.get("resume_from")
+        return [
+            *(p.space.override(k, v) for k, v in chosen.items()),
+            *p.space.fixed_overrides(exclude={**chosen, **self._job_keys()}),
+            *p.space.deletions,
+            *([f"training.resume={format_value(resume)}"] if resume else []),
+            *self._job_overrides(trial),
+        ]
+
+    def _job_keys(self) -> dict[str, None]:
+        keys = ("study_name", "storage", "trial_number", "reporter")
+        return {f"hpo.{k}": None for k in keys} if self.s.reports else {}
+
+    def _job_overrides(self, trial: Trial) -> list[str]:
+        """What a job needs to find its trial: only when there is an hpo node to put it in."""
+        if not self.s.reports:
+            return []
+        values = {
+            "study_name": format_value(self.study.study_name),
+            "storage": format_value(self.plan.job_storage),
+            "trial_number": str(trial.number),
+            "reporter": REPORTER,
+        }
+        return [f"++hpo.{k}={v}" for k, v in values.items()]
+
+    def _tell(self, trial: Trial, outcome: Outcome) -> None:
+        """Record the outcome, unless another worker failed the trial as stale meanwhile."""
+        try:
+            with private.finished_trial_guard():
+                retrying(lambda: self._record(trial, outcome), f"tell trial {trial.number}")
+        except private.TrialFinished:
+            self._taken_over(trial)
+        self.plan.budget.done(trial)
+
+    def _record(self, trial: Trial, outcome: Outcome) -> None:
+        if private.frozen(self.study, trial).state.is_finished():
+            raise private.TrialFinished(f"trial {trial.number} finished")
+        for key, value in outcome.attrs.items():
+            trial.set_user_attr(key, value)
+        if self.plan.constraints and outcome.state != TrialState.FAIL:  # read for these two
+            record_oom_constraint(trial, outcome.reason == "oom")
+        if outcome.preempted_by is not None:
+            self._preempted(trial, outcome)
+        self._tell_state(trial, outcome)
+        self.finished += 1
+        self.failed += outcome.failed
+        self._log(trial, outcome)
+
+    def _tell_state(self, trial: Trial, outcome: Outcome) -> None:
+        values = outcome.values or []
+        try:
+            if outcome.state == TrialState.COMPLETE:
+                self.study.tell(trial, values[0] if len(values) == 1 else values)
+            else:
+                self.study.tell(trial, state=outcome.state)
+        except RuntimeError as e:
+            # GridSampler calls Study.stop() once the grid is done, which only works inside
+            # optimize(); the trial is told by then (as the stock sweeper does, go on).
+            if "Study.stop" not in str(e):
+                raise
+
+    def _preempted(self, trial: Trial, outcome: Outcome) -> None:
+        """Not counted; its parameters are queued again, to resume from its checkpoint."""
+        self.plan.budget.release(trial)
+        run_dir = outcome.attrs.get("run_dir")
+        requeue(
+            self.study,
+            private.frozen(self.study, trial),
+            {"resume_from": run_dir} if run_dir else None,
+        )
+        self.stop.signum = self.stop.signum or outcome.preempted_by
+
+    def _taken_over(self, trial: Trial) -> None:
+        frozen = private.frozen(self.study, trial)
+        log.warning(
+            "Trial %d was %s by another worker (%s) while this worker was away; "
+            "its result is dropped and the sweep goes on",
+            trial.number,
+            frozen.state.name,
+            frozen.user_attrs.get("reason", "no reason given"),
+        )
+
+    def _log(self, trial: Trial, outcome: Outcome) -> None:
+        frozen = private.frozen(self.study, trial)
+        log.info(
+            "Trial %d %s %s %s",
+            trial.number,
+            frozen.state.name,
+            frozen.values or "",
+            outcome.reason,
+        )
+        if self.hparams is not None:
+            self.hparams.write(frozen, self.s.metrics)
+        self._write_results()
+
+    def _check_failures(self, outcomes: list[Outcome]) -> None:
+        rule = self.s.failure
+        if rule.per_batch:  # stock: the FAIL share of this batch
+            failed = [o for o in outcomes if o.failed]
+            n, total = len(failed), len(outcomes)
+        else:  # ours: of this worker's trials, once it finished a few
+            failed, n, total = [], self.failed, self.finished
+            if total < rule.min_trials:
+                return
+        if total and n / total > rule.max_rate:
+            last = f" (last: {first_line(failed[-1].attrs.get('error', ''))})" if failed else ""
+            raise SweepAborted(
+                f"{n} of {total} trials failed{last}, more than {rule.key}={rule.max_rate}: "
+                "sweep stopped"
+            )
+
+
+def consecutive(jobs: list[tuple[Trial, list[str]]]) -> list[list[tuple[Trial, list[str]]]]:
+    """Runs of jobs whose trial numbers follow each other (a launch numbers its jobs so)."""
+    groups: list[list[tuple[Trial, list[str]]]] = []
+    for job in jobs:
+        if groups and groups[-1][-1][0].number + 1 == job[0].number:
+            groups[-1].append(job)
+        else:
+            groups.append([job])
+    return groups
+
+
+def release_memory() -> int:
+    """Free what the last in-process trials left behind; return this process's RSS in bytes."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return _rss_bytes()
+
+
+def _rss_bytes() -> int:
+    try:
+        import os
+
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,93 @@
+"""The sweeper's private uses of Optuna and Hydra (hydra_plugins/.../_private.py), each
+exercised on every kind of storage, with the Optuna version installed here.
+
+CI also runs this file (with tests/test_sweeper.py and tests/test_sweeper_budget.py) on
+Optuna 4.x in a throwaway environment without torch: see .ci/run. It needs no conftest.
+"""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from optuna.trial import TrialState
+
+from hydra_plugins.hydratrain_optuna_sweeper import _private as private
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(params=["memory", "journal", "sqlite"])
+def study(request, tmp_path) -> optuna.Study:
+    if request.param == "memory":
+        storage = None
+    elif request.param == "journal":
+        from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+
+        storage = journal(str(tmp_path / "s.journal"))
+    else:
+        storage = f"sqlite:///{tmp_path}/s.db"
+    return optuna.create_study(study_name="s", storage=storage)
+
+
+def test_system_and_user_attrs_on_a_running_trial(study):
+    trial = study.ask()
+    frozen = study.get_trials()[0]
+    private.set_system_attr(study, frozen, "hpo:x", 1.5)  # through the FrozenTrial, too
+    private.set_user_attr(study, trial, "reason", "stale")
+    now = private.frozen(study, trial)
+    assert now.system_attrs["hpo:x"] == 1.5 and now.user_attrs["reason"] == "stale"
+    assert private.trial_id(trial) == private.trial_id(frozen)
+    assert isinstance(private.storage_of(study), optuna.storages.BaseStorage)
+
+
+def test_claiming_a_running_trial_as_failed_is_won_once(study):
+    study.ask()
+    frozen = study.get_trials()[0]
+    assert private.claim_failed(study, frozen) is True
+    assert private.claim_failed(study, frozen) is False  # the second claimant loses
+    assert private.frozen(study, frozen).state == TrialState.FAIL
+
+
+def test_a_live_trial_is_rebuilt_from_its_number(study):
+    study.ask()
+    trial = study.ask()
+    live = private.live_trial(study, trial.number)
+    live.report(2.0, 3)
+    live.set_user_attr("k", "v")
+    assert live.number == trial.number
+    assert private.frozen(study, trial).intermediate_values == {3: 2.0}
+
+
+def test_finished_trials_refuse_updates_with_the_error_the_sweeper_catches(study):
+    trial = study.ask()
+    study.tell(trial.number, state=TrialState.FAIL)
+    with pytest.raises(private.TrialFinished), private.finished_trial_guard():
+        private.set_user_attr(study, trial, "reason", "late")
+    with pytest.raises(private.TrialFinished), private.finished_trial_guard():
+        trial.report(1.0, 1)
+    with pytest.raises(RuntimeError, match="other"), private.finished_trial_guard():
+        raise RuntimeError("other")  # anything else passes through
+    assert study.tell(trial, 1.0, skip_if_finished=True).state == TrialState.FAIL
+
+
+def test_a_waiting_copy_keeps_parameters_and_retry_history(study):
+    from hydra_plugins.hydratrain_optuna_sweeper._study import requeue
+
+    trial = study.ask()
+    trial.suggest_float("x", 0.0, 1.0)
+    study.tell(trial, state=TrialState.FAIL)
+    requeue(study, private.frozen(study, trial), {"resume_from": "/runs/0"})
+    again = study.ask()
+    assert again.suggest_float("x", 0.0, 1.0) == trial.params["x"]
+    assert again.user_attrs["resume_from"] == "/runs/0"
+    retried = optuna.storages.RetryFailedTrialCallback.retried_trial_number
+    assert retried(private.frozen(study, again)) == trial.number
+
+
+def test_a_jobs_value_or_exception():
+    done = JobReturn(status=JobStatus.COMPLETED, _return_value=1.5)
+    failed = JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError("boom"))
+    assert private.job_result(done) == (1.5, None)
+    value, exc = private.job_result(failed)
+    assert value is None and isinstance(exc, RuntimeError)
