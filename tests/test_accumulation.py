@@ -85,16 +85,22 @@ def _one_step(micro: int, optimizer_kind: str = "sgd") -> dict[str, torch.Tensor
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+def _assert_same(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-6
+) -> None:
     for name, value in a.items():
-        torch.testing.assert_close(b[name], value, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(b[name], value, rtol=1e-5, atol=atol, msg=name)
 
 
 @pytest.mark.parametrize("optimizer_kind", ["sgd", "adamw"])
 def test_one_step_is_the_same_for_any_micro_batch(optimizer_kind):
     reference = _one_step(32, optimizer_kind)
+    # Adam's first step is lr * g / (|g| + eps): for a gradient near zero the float rounding of
+    # summing in another order is amplified up to ~1e-6 of a 1e-2 step, so allow 1e-5 there.
+    # SGD is the strict check of the normalization.
+    atol = 1e-6 if optimizer_kind == "sgd" else 1e-5
     for micro in (8, 5):  # 8 x 4 and the uneven 5,5,5,5,4,4,4
-        _assert_same(reference, _one_step(micro, optimizer_kind))
+        _assert_same(reference, _one_step(micro, optimizer_kind), atol)
 
 
 def test_per_micro_batch_averaging_would_differ():
