@@ -142,6 +142,9 @@ class TrainingConfig:
     # Validation sequences (the first N blocks of the held-out split; fewer if it is smaller).
     # Fixed in samples, not batches, so trials with different micro-batches score the same set.
     eval_samples: int = 128
+    # Evaluation micro-batch: null = the training micro-batch; auto = EVAL_FACTOR times it (no
+    # backward, no saved activations: it fits, and the probe checks that it does); or an int.
+    eval_micro_batch_size: Any = None
     eval_at_start: bool = True  # a step-0 validation loss to compare the end against
     log_every: int = 10
     checkpoint_every: int = 100  # 0: only at the end
@@ -308,6 +311,12 @@ def _validate_training(t: DictConfig) -> None:
                 f"training.effective_batch_size={t.effective_batch_size}; allowed: auto or "
                 f"1..{t.effective_batch_size}"
             )
+    e = t.eval_micro_batch_size
+    if e is not None and e != "auto" and (not _is_count(e) or e < 1):
+        raise ConfigError(
+            f"training.eval_micro_batch_size={e!r} must be null (the training micro-batch), "
+            "auto or a positive integer"
+        )
     _one_of("training.schedule", t.schedule, SCHEDULES)
     _one_of("training.host_malloc", t.host_malloc, HOST_MALLOC_POLICIES)
     if t.lr * t.weight_decay >= 1.0:

@@ -201,6 +201,23 @@ def shrink_micro_batch(run: Run, step: int, error: str | None) -> None:
         run.observers.on_plan_change(run.plan)
 
 
+def shrink_eval_micro_batch(run: Run, step: int) -> None:
+    """Evaluation ran out with a micro-batch larger than training's: halve it (not below the
+    training micro-batch, which is known to fit) and evaluate again. Each rank evaluates on
+    its own, so this is safe under torchrun too."""
+    counts = {"oom_count": run.plan.details.get("oom_count", 0) + 1, **_alloc_retries(run)}
+    run.plan.details.update(counts)
+    _log_oom(run, step, counts)
+    smaller = max(run.plan.micro_batch_size, run.plan.eval_micro // 2)
+    log.warning(
+        "OOM in evaluation at step %d with micro-batch %d: evaluating with %d",
+        step,
+        run.plan.eval_micro,
+        smaller,
+    )
+    run.plan = run.plan.with_eval_micro_batch(smaller)
+
+
 def _alloc_retries(run: Run) -> dict[str, int]:
     # cudaMalloc retries after freeing cached blocks: the allocator's warning sign before an OOM.
     if run.device.type != "cuda":
@@ -220,7 +237,7 @@ def evaluate(run: Run, step: int) -> float:
     return evaluate_metrics(run, step)["loss"]
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no autograd bookkeeping at all, unlike no_grad
 def evaluate_metrics(run: Run, step: int) -> dict[str, float]:
     """The task's validation metrics over run.val_blocks.
 
@@ -239,7 +256,10 @@ def evaluate_metrics(run: Run, step: int) -> dict[str, float]:
         except torch.OutOfMemoryError as exc:
             failed = str(exc).splitlines()[0]
         release_after_oom(run)
-        shrink_micro_batch(run, step, failed)
+        if run.plan.eval_micro > run.plan.micro_batch_size:
+            shrink_eval_micro_batch(run, step)
+        else:
+            shrink_micro_batch(run, step, failed)
     run.model.train()
     totals = all_reduce_sum(sums, run.dist).tolist()  # the one host sync of the evaluation
     return run.task.eval_metrics(totals)
@@ -247,7 +267,7 @@ def evaluate_metrics(run: Run, step: int) -> dict[str, float]:
 
 def _eval_sums(run: Run, share: Any, model: torch.nn.Module, step: int) -> torch.Tensor:
     x_all, y_all = run.task.inputs_and_targets(share)
-    micro = run.plan.micro_batch_size
+    micro = run.plan.eval_micro
     sizes = [min(micro, len(y_all) - start) for start in range(0, len(y_all), micro)]
     sums = None
     for x, y in run.task.micro_batches(x_all, y_all, sizes):
@@ -355,6 +375,10 @@ class Throughput:
         self.device_seconds = sum(s for _, s in segments) if segments else None
         self._marks = [("origin", self._marks[-1][1])]
 
+    def training_seconds(self) -> float:
+        """Seconds spent in optimizer steps so far (closed windows; no eval, no checkpoints)."""
+        return sum(s for _, s in self.windows)
+
     def steady_tokens_per_sec(self) -> float | None:
         # The first window holds compilation, cudnn autotuning and allocator warm-up.
         windows = self.windows[1:] or self.windows
@@ -391,11 +415,13 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
             done = step + 1
             if done % cfg.log_every == 0 or done == cfg.max_steps:
                 _log_window(run, done, window, meter, summary, bar)
+            # Before the evaluation: a trial pruned there has trained `done` steps.
+            summary["steps"] = done
+            summary["tokens_per_sec"] = meter.steady_tokens_per_sec()
+            summary["train_time_s"] = meter.training_seconds()
             if done % cfg.eval_every == 0 or done == cfg.max_steps:
                 with meter.pause():
                     _eval_and_report(run, done, summary)
-            summary["steps"] = done
-            summary["tokens_per_sec"] = meter.steady_tokens_per_sec()
             saved = done == cfg.max_steps or bool(
                 cfg.checkpoint_every and done % cfg.checkpoint_every == 0
             )
@@ -504,7 +530,11 @@ def _mfu(run: Run, tokens_per_sec: float) -> float | None:
 
 
 def _eval_and_report(run: Run, step: int, summary: dict[str, Any]) -> dict[str, float]:
+    started = time.perf_counter()
     values = evaluate_metrics(run, step)
+    # Short HPO trials are easily dominated by evaluation: what it cost is in the summary.
+    summary["eval_time_s"] = summary.get("eval_time_s", 0.0) + time.perf_counter() - started
+    summary["evaluations"] = summary.get("evaluations", 0) + 1
     if not math.isfinite(values["loss"]):
         raise Diverged(f"validation loss is {values['loss']} at step {step}")
     summary.update({f"final_val_{m.name}": values[m.name] for m in run.task.metrics})
@@ -514,7 +544,8 @@ def _eval_and_report(run: Run, step: int, summary: dict[str, Any]) -> dict[str, 
         run.observers.logger.log(step, metrics)
     reported = {f"val_{m.name}": values[m.name] for m in run.task.metrics}
     reported.update({f"final_{k}": v for k, v in reported.items()})
-    if run.observers.reporter.report(step, reported):
+    # The last evaluation is the trial's result: it is reported, never pruned.
+    if run.observers.reporter.report(step, reported) and step < run.cfg.max_steps:
         shown = ", ".join(f"{k} {v:.4f}" for k, v in reported.items() if not k.startswith("final"))
         raise Pruned(f"pruned at step {step} with validation {shown.replace('val_', '')}")
     return values

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from app import checkpoint as ckpt
 from app.batch.faults import FaultInjector
 from app.batch.plan import BatchPlan, fixed_plan
-from app.batch.probe import auto_plan, oom_listener, plan_scalars
+from app.batch.probe import EVAL_FACTOR, auto_plan, oom_listener, plan_scalars
 from app.batch.probe import describe as describe_choice
 from app.checks import AlreadyComplete, check_start
 from app.config import ConfigError, validate
@@ -174,8 +174,20 @@ def model_identity(cfg: DictConfig) -> dict[str, Any]:
 def choose_plan(ctx: RunContext, model: torch.nn.Module, data: TaskData) -> BatchPlan:
     t, dist = ctx.cfg.training, ctx.dist
     if t.micro_batch_size == "auto":
-        return auto_plan(ctx, model, data)
-    return fixed_plan(t.effective_batch_size, t.micro_batch_size, dist.world_size, dist.rank)
+        plan = auto_plan(ctx, model, data)
+    else:
+        plan = fixed_plan(t.effective_batch_size, t.micro_batch_size, dist.world_size, dist.rank)
+    return plan.with_eval_micro_batch(eval_micro_batch(t, plan.micro_batch_size))
+
+
+def eval_micro_batch(t: DictConfig, micro: int) -> int | None:
+    """The evaluation micro-batch: None (the training one), EVAL_FACTOR x it, or as set; never
+    more than the validation samples a rank evaluates."""
+    wanted = t.eval_micro_batch_size
+    if wanted is None:
+        return None
+    size = EVAL_FACTOR * micro if wanted == "auto" else int(wanted)
+    return max(1, min(size, t.eval_samples))
 
 
 def step_loader(ctx: RunContext, data: TaskData, plan: BatchPlan, start_step: int):
@@ -249,6 +261,7 @@ def print_banner(summary, ctx: RunContext, run: Run) -> None:
         f"batch      {run.plan.describe()}",
         *([f"autobatch  {how}"] if (how := describe_choice(run.plan)) else []),
         f"{step_line(summary, ctx.task)}, {summary['num_params']:,} parameters",
+        eval_line(run),
         f"steps      {run.start_step} -> {run.cfg.max_steps}; run dir {run.run_dir}",
     ]
     lines += [f"warning    {w}" for w in device.warnings]
@@ -257,6 +270,17 @@ def print_banner(summary, ctx: RunContext, run: Run) -> None:
     if logger is not None:
         logger.text("run/plan", "\n\n".join(lines))
         logger.log(run.start_step, plan_scalars(run.plan))
+
+
+def eval_line(run: Run) -> str:
+    t = run.cfg
+    steps = range(run.start_step + 1, t.max_steps + 1)
+    count = sum(1 for s in steps if s % t.eval_every == 0 or s == t.max_steps)
+    count += int(run.start_step == 0 and t.eval_at_start)
+    return (
+        f"eval       {len(run.val_blocks):,} samples x {count} evaluations (every "
+        f"{t.eval_every} steps), micro-batch {run.plan.eval_micro}, no gradients"
+    )
 
 
 def step_line(summary: dict[str, Any], task: Task) -> str:
@@ -279,7 +303,8 @@ def closing_line(summary: dict[str, Any]) -> str:
     return (
         f"done       {summary['status']} after {summary.get('steps', '?')} steps: val loss "
         f"{num('initial_val_loss', '.4f')} -> {num('final_val_loss', '.4f')}, "
-        f"{num('tokens_per_sec', ',.0f')} tokens/s, summary {summary['run_dir']}/summary.json"
+        f"{num('tokens_per_sec', ',.0f')} tokens/s, {num('eval_time_s', '.1f')} s evaluating, "
+        f"summary {summary['run_dir']}/summary.json"
     )
 
 

@@ -46,6 +46,7 @@ CASES = [
     ("batch-absurd", ["training.effective_batch_size=1000000000"], "GiB of token ids"),
     ("micro-above", ["training.micro_batch_size=64"], "larger than training.effective_batch"),
     ("micro-word", ["training.micro_batch_size=big"], "must be auto or a positive integer"),
+    ("eval-micro", ["training.eval_micro_batch_size=0"], "training.eval_micro_batch_size=0"),
     ("eval-every-zero", ["training.eval_every=0"], "training.eval_every=0"),
     ("keep-zero", ["training.keep_checkpoints=0"], "training.keep_checkpoints=0"),
     ("schedule", ["training.schedule=exponential"], "training.schedule='exponential'"),

@@ -87,6 +87,12 @@ def _states(trials) -> dict[str, int]:
 # -- fake trainer: mechanics -------------------------------------------------------------------
 
 
+def _oom_constraint(t: optuna.trial.FrozenTrial) -> float:
+    """What the sampler reads: Trial.set_constraint (Optuna 5) or constraints_func (4.x)."""
+    attrs = t.system_attrs
+    return attrs["constraints:oom"] if "constraints:oom" in attrs else attrs["constraints"][0]
+
+
 def test_outcomes_map_to_states_and_the_sweep_goes_on(tmp_path):
     _run(
         FAKE,
@@ -105,11 +111,12 @@ def test_outcomes_map_to_states_and_the_sweep_goes_on(tmp_path):
         batch, lr = t.params["training.effective_batch_size"], t.params["training.lr"]
         if batch > 32:
             assert t.state == TrialState.PRUNED and t.user_attrs["reason"] == "oom"
-            assert t.system_attrs.get("constraints:oom", 1.0) > 0  # infeasible for the sampler
+            assert _oom_constraint(t) == 1.0  # infeasible: the sampler steers away
         elif lr > 0.005:
             assert t.state == TrialState.FAIL and t.user_attrs["reason"] == "diverged"
         else:
             assert t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            assert _oom_constraint(t) == 0.0  # feasible
     results = OmegaConf.load(tmp_path / "multirun" / "optimization_results.yaml")
     assert results.best_params and results.trials.COMPLETE >= 1
     assert list((tmp_path / "multirun" / "tensorboard").glob("trial_*/events.out.tfevents.*"))

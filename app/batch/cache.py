@@ -63,6 +63,8 @@ def cache_key(ctx: RunContext, model: torch.nn.Module) -> dict[str, Any]:
         "vocab_size": getattr(model.config, "vocab_size", None),
         "seq_len": ctx.task.sequence_length(cfg.data),
         "precision": ctx.precision.name,
+        # With eval_micro_batch_size=auto the probe also evaluates at a multiple of each size.
+        "eval_auto": cfg.training.eval_micro_batch_size == "auto",
         "gradient_checkpointing": bool(m.gradient_checkpointing),
         "compile": [bool(preset.compile if m.compile is None else m.compile), m.compile_mode],
         "optimizer": ["adamw", True if fused is None else bool(fused)],

@@ -9,7 +9,7 @@ gives the same gradient as an even one.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from app.config import ConfigError
@@ -45,6 +45,11 @@ class BatchPlan:
     rank: int = 0
     source: str = "fixed"  # fixed | probed | cached | reduced_after_oom
     details: dict[str, Any] = field(default_factory=dict)
+    eval_micro_batch_size: int | None = None  # None: the training micro-batch
+
+    @property
+    def eval_micro(self) -> int:
+        return self.eval_micro_batch_size or self.micro_batch_size
 
     @property
     def per_rank_batch(self) -> int:
@@ -59,6 +64,11 @@ class BatchPlan:
         return len(self.micro_sizes)
 
     def with_micro_batch(self, micro: int, source: str, **details: Any) -> BatchPlan:
+        """The plan with another training micro-batch; a larger evaluation micro-batch shrinks
+        in proportion (what did not fit in training will not fit in evaluation either)."""
+        evaluation = self.eval_micro_batch_size
+        if evaluation is not None:
+            evaluation = max(micro, evaluation * micro // self.micro_batch_size)
         return BatchPlan(
             self.effective_batch_size,
             micro,
@@ -66,16 +76,25 @@ class BatchPlan:
             self.rank,
             source,
             {**self.details, **details},
+            evaluation,
         )
+
+    def with_eval_micro_batch(self, micro: int | None) -> BatchPlan:
+        return replace(self, eval_micro_batch_size=micro)
 
     def describe(self) -> str:
         sizes = self.micro_sizes
         even = len(set(sizes)) == 1
         split = f"{sizes[0]} x {len(sizes)}" if even else f"{'+'.join(map(str, sizes))}"
+        evaluation = (
+            f"; evaluation micro-batch {self.eval_micro_batch_size}"
+            if self.eval_micro_batch_size
+            else ""
+        )
         return (
             f"micro-batch {self.micro_batch_size} ({self.source}), accumulation "
             f"{self.grad_accum_steps} [{split}] x world {self.world_size} = effective "
-            f"{self.effective_batch_size}"
+            f"{self.effective_batch_size}{evaluation}"
         )
 
     def as_dict(self) -> dict[str, Any]:

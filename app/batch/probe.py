@@ -70,6 +70,9 @@ from app.tasks.base import TaskData, move
 log = logging.getLogger(__name__)
 TIE = 0.03  # samples/s within 3% count as a tie (timing noise): the larger micro-batch wins
 TIMED_SIZES = 3  # split sizes timed near the top
+# training.eval_micro_batch_size=auto: evaluation runs EVAL_FACTOR times the training
+# micro-batch (no backward, no saved activations); the probe evaluates at that size too.
+EVAL_FACTOR = 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,6 +367,10 @@ class Probe:
         log.debug("probe micro-batch %d: %s", micro, trial)
         return self.trials[micro]
 
+    def eval_size(self, micro: int) -> int:
+        auto = self.cfg.training.eval_micro_batch_size == "auto"
+        return EVAL_FACTOR * micro if auto else micro
+
     def _estimate(self, micro: int, steps: int) -> float:
         if self.last is None:
             return 0.0
@@ -385,7 +392,7 @@ class Probe:
                 if i >= warmup:
                     # The fastest step, not the mean: on a shared machine preemption only adds.
                     fastest = min(fastest, time.perf_counter() - t0)
-            eval_micro_batch(run, run.task.worst_case(self.data.val, micro))
+            eval_micro_batch(run, run.task.worst_case(self.data.val, self.eval_size(micro)))
         except torch.OutOfMemoryError as exc:
             error = str(exc).splitlines()[0]
         if error is not None:
@@ -399,7 +406,7 @@ class Probe:
         }
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def eval_micro_batch(run: Run, batch: Any) -> None:
     run.model.eval()
     try:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from app.bench import __doc__ as package_doc
+from app.bench.hpo import hpo_table, run_hpo_bench
 from app.bench.micro import adamw_step_times, adamw_table, measure_startup, startup_table
 from app.bench.profiles import CONTENDERS, PROFILES
 from app.bench.report import ablation_table, benchmark_table, machine_info
@@ -26,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.adamw:
         report = {"machine": machine_info(), "adamw": adamw_step_times(args.rounds)}
         print(adamw_table(report["adamw"]))
+    elif args.hpo:
+        report = {"machine": machine_info(), **run_hpo_bench(args.overrides)}
+        print(hpo_table(report))
     elif args.ablate:
         report = run_ablations(args)
         print(ablation_table(report))
@@ -57,6 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--startup", action="store_true", help="time app.train --help / --cfg job")
     p.add_argument("--startup-runs", type=int, default=7)
     p.add_argument("--adamw", action="store_true", help="time one AdamW step per implementation")
+    p.add_argument("--hpo", action="store_true", help="a seeded study with and without pruning")
     p.add_argument("--json", help="where to write the JSON report")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one spec file
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every contender")
@@ -64,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def default_json_path(args: argparse.Namespace) -> str:
-    kinds = {"startup": args.startup, "adamw": args.adamw, "ablate": args.ablate}
+    kinds = {"startup": args.startup, "adamw": args.adamw, "hpo": args.hpo, "ablate": args.ablate}
     kind = next((k for k, on in kinds.items() if on), "bench")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return f"outputs/bench/{kind}-{args.profile}-{stamp}.json"

@@ -29,6 +29,11 @@ class CausalLM:
         self.cfg = cfg  # the task node: nothing causal LM needs beyond the data and model
 
     def load_data(self, data_cfg: DictConfig) -> TaskData:
+        from app.data.memo import data_key, remembered
+
+        return remembered(data_key(self.name, data_cfg), lambda: self._load(data_cfg))
+
+    def _load(self, data_cfg: DictConfig) -> TaskData:
         from app.data.tokens import load_token_data
 
         data = load_token_data(data_cfg)

@@ -33,10 +33,17 @@ class SequenceClassification:
     # -- data and model ---------------------------------------------------------------------
 
     def load_data(self, data_cfg: DictConfig) -> TaskData:
+        from app.data.memo import data_key, remembered
+
+        key = data_key(self.name, data_cfg, self.given_labels)
+        data = remembered(key, lambda: self._load(data_cfg))
+        self.label_names = list(data.info["labels"])
+        return data
+
+    def _load(self, data_cfg: DictConfig) -> TaskData:
         from app.data.labelled import load_labelled
 
         data = load_labelled(data_cfg, self.given_labels)
-        self.label_names = data.label_names
         return TaskData(
             train=data.train,
             val=data.val,
