@@ -15,8 +15,10 @@ from optuna.trial import TrialState
 from hydra_plugins.hydratrain_optuna_sweeper import reporter
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._samplers import (
+    EvalSchedule,
     build_pruner,
     build_sampler,
+    pruner_defaults,
     sampler_node,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._settings import (
@@ -355,3 +357,66 @@ def test_conf_hpo_optuna_sets_no_setting_to_its_default():
     defaults = HpoConfig()
     for key, value in yaml.items():
         assert value != getattr(defaults, key), f"hpo.{key} restates its default"
+
+
+def test_pruner_defaults_follow_the_studys_evaluation_schedule():
+    every_10 = EvalSchedule(every=10, last=120)
+    assert pruner_defaults("successive_halving", every_10) == {"min_resource": 10}
+    assert pruner_defaults("hyperband", every_10) == {"min_resource": 10, "max_resource": 120}
+    # Step 0 (the untrained model, alike for every trial of a seed) is never judged.
+    assert pruner_defaults("median", every_10)["n_warmup_steps"] == 1
+    assert EvalSchedule.of(
+        OmegaConf.create({"training": {"eval_every": 25, "max_steps": 150}})
+    ) == (EvalSchedule(25, 150))
+
+
+def test_a_jobs_pruner_is_built_with_its_own_evaluation_schedule(tmp_path, monkeypatch):
+    """The reporter in a job's process rebuilds the pruner: its rungs follow training.*."""
+    from app.objective import build_reporter
+
+    built: list[dict] = []
+
+    class Recording(optuna.pruners.HyperbandPruner):
+        def __init__(self, **kwargs):
+            built.append(kwargs)
+            super().__init__(**kwargs)
+
+    monkeypatch.setattr(optuna.pruners, "HyperbandPruner", Recording)
+    study, spec = _study(tmp_path, name="h")
+    live = study.ask()
+    cfg = _job_cfg(
+        study_name="h", storage=spec.target, trial_number=live.number, pruner="hyperband"
+    )
+    cfg.training = {"eval_every": 10, "max_steps": 120}
+    build_reporter(cfg)
+    assert built == [{"min_resource": 10, "max_resource": 120}]
+
+
+def test_an_accuracy_study_prunes_the_low_accuracy_trial_not_the_high_one(tmp_path):
+    from app.objective import build_reporter
+
+    path = str(tmp_path / "j.journal")
+    spec = StorageSpec("journal", path, "hpo.storage")
+    study = optuna.create_study(
+        study_name="acc", storage=open_storage(spec, Masker()), direction="maximize"
+    )
+    for value in (0.80, 0.85, 0.90):
+        t = study.ask()
+        t.report(value, 5)
+        study.tell(t, value)
+    over = {
+        "study_name": "acc",
+        "storage": spec.target,
+        "direction": "maximize",
+        "metric": "final_val_accuracy",
+        "report_metric": "val_accuracy",
+        "pruner": "median",
+        "pruner_args": {"n_startup_trials": 1, "n_warmup_steps": 0},
+    }
+    low, high = study.ask(), study.ask()
+    assert build_reporter(_job_cfg(trial_number=low.number, **over)).report(
+        5, {"val_loss": 0.1, "val_accuracy": 0.30}
+    )
+    assert not build_reporter(_job_cfg(trial_number=high.number, **over)).report(
+        5, {"val_loss": 9.0, "val_accuracy": 0.95}
+    )

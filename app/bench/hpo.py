@@ -48,15 +48,16 @@ SHORT = [
 
 
 def run_hpo_bench(extra: list[str]) -> dict[str, Any]:
-    # The pruner goes last, so that extra overrides cannot undo the "none" arm.
-    studies = {name: run_study(STUDY + extra + args) for name, args in PRUNERS.items()}
-    pruned, full = studies["default"], studies["none"]
+    # The pruner goes last, so that extra overrides cannot undo an arm.
+    full = run_study(STUDY + extra + PRUNERS["none"])
+    pruned = run_study(STUDY + extra + PRUNERS["default"])
     short = run_study(SHORT + extra)
     later = short["trials"][1:]  # the first trial also loads the data and probes
     return {
-        "studies": studies,
+        "studies": {"default": pruned, "none": full},
         "steps_ratio": pruned["optimizer_steps"] / full["optimizer_steps"],
         "same_best": pruned["best_value"] == full["best_value"],
+        "replays": {name: replay(full["trials"], spec) for name, spec in REPLAYS.items()},
         "short_trials": {
             "train_share": statistics.median(t["train_share"] for t in later),
             "seconds": statistics.median(t["seconds"] for t in later),
@@ -65,6 +66,46 @@ def run_hpo_bench(extra: list[str]) -> dict[str, Any]:
             "trials": short["trials"],
         },
     }
+
+
+# Pruners replayed on the unpruned study: (hpo.pruner, hpo.pruner_args). The trials of the
+# unpruned study are fed in order, each stopped where the pruner would have stopped it; with one
+# worker and a random sampler that is exactly the study the pruner would have run.
+REPLAYS: dict[str, tuple[str, dict[str, Any]]] = {
+    "median (startup 4, warm-up 1 step)": ("median", {"n_startup_trials": 4, "n_warmup_steps": 1}),
+    "median (default)": ("median", {}),
+    "successive_halving (default)": ("successive_halving", {}),
+    "successive_halving (reduction 2)": ("successive_halving", {"reduction_factor": 2}),
+    "hyperband (default)": ("hyperband", {}),
+}
+
+
+def replay(trials: list[dict[str, Any]], spec: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    import optuna
+
+    from hydra_plugins.hydratrain_optuna_sweeper._samplers import EvalSchedule, build_pruner
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    name, args = spec
+    last = max(t["steps"] for t in trials)
+    every = min(s for t in trials for s, _ in t["curve"] if s > 0)
+    pruner = build_pruner(name, args, 1, EvalSchedule(every=every, last=last))
+    study = optuna.create_study(direction="minimize", pruner=pruner)
+    steps, values = 0, []
+    for t in trials:
+        trial = study.ask()
+        trained = t["steps"]
+        for step, value in t["curve"]:
+            trial.report(value, step)
+            if step < t["steps"] and trial.should_prune():  # as the trainer: never at the end
+                trained = step
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                break
+        else:
+            study.tell(trial, t["value"])
+            values.append(t["value"])
+        steps += trained
+    return {"optimizer_steps": steps, "best_value": min(values) if values else None}
 
 
 def run_study(overrides: list[str]) -> dict[str, Any]:
@@ -105,6 +146,7 @@ def trial_row(t: Any) -> dict[str, Any]:
         "seconds": seconds,
         "train_share": summary.get("train_time_s", 0.0) / seconds,
         "eval_s": summary.get("eval_time_s"),
+        "curve": sorted(t.intermediate_values.items()),
     }
 
 
@@ -119,6 +161,15 @@ def hpo_table(report: dict[str, Any]) -> str:
             f"| {name} | {states} | {s['optimizer_steps']:,} | {s['wall_s']:.0f} | "
             f"{s['best_value']:.4f} |"
         )
+    full = report["studies"]["none"]
+    lines += [
+        "",
+        "| pruner replayed on the unpruned study | optimizer steps | share | best value |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, r in report["replays"].items():
+        share = r["optimizer_steps"] / full["optimizer_steps"]
+        lines.append(f"| {name} | {r['optimizer_steps']:,} | {share:.2f} | {r['best_value']:.4f} |")
     short = report["short_trials"]
     lines += [
         "",

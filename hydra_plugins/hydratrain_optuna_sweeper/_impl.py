@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 
 from ._checks import check_objectives, check_space
 from ._errors import StorageUnreachable, SweepAborted, SweepConfigError
-from ._samplers import build_pruner, build_sampler, grid_size
+from ._samplers import EvalSchedule, build_pruner, build_sampler, grid_size
 from ._settings import StockKeys, SweepSettings, read_settings
 from ._space import Entry, SearchSpace, load_hook, params_entries, parse_space
 from ._storage import Masker, job_storage, open_storage, passwords
@@ -87,7 +87,8 @@ class OptunaSweeperImpl(Sweeper):
         )
         if isinstance(sampler, optuna.samplers.GridSampler):  # as stock: at most the grid
             _cap_to_grid(s, grid_size(space.grid()))
-        pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions))
+        schedule = EvalSchedule.of(job_cfg)
+        pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions), schedule)
         study = self._open_study(s, sampler, pruner)
         self._write_multirun_yaml(sweep_dir)
         log.info(

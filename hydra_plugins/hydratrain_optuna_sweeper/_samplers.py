@@ -25,8 +25,41 @@ ALIASES = {"nsga2": "nsgaii"}  # our earlier name
 # Fields that mean something only beside another: the stock cmaes config sets inc_popsize=2,
 # which sizes restarts, and Optuna >= 4.4 warns about it even with no restart_strategy.
 ONLY_WITH = {"inc_popsize": "restart_strategy"}
-# Step 0 is the untrained model (the trainer evaluates it): never prune there.
-PRUNER_DEFAULTS = {"median": {"n_startup_trials": 3, "n_warmup_steps": 1}}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSchedule:
+    """When a trial reports: at step 0 (the untrained model), every `every` optimizer steps,
+    and at `last` (training.max_steps). The pruners' defaults are set from it."""
+
+    every: int
+    last: int
+
+    @classmethod
+    def of(cls, cfg: Any) -> EvalSchedule | None:
+        """From a trial's composed config; None where it has no training node."""
+        t = cfg.get("training") if cfg is not None else None
+        if t is None or t.get("eval_every") is None or t.get("max_steps") is None:
+            return None
+        return cls(int(t.eval_every), int(t.max_steps))
+
+
+def pruner_defaults(name: str, schedule: EvalSchedule | None) -> dict[str, Any]:
+    """The arguments of each pruner that hpo.pruner_args does not set.
+
+    Step 0 is the untrained model, the same for every trial of one seed: never judged. The
+    rungs of successive halving and hyperband start at the first evaluation after it, and
+    hyperband's budget ends at max_steps, so its brackets fit the study's report steps.
+    """
+    if name == "median":
+        return {"n_startup_trials": 3, "n_warmup_steps": 1}
+    if schedule is None:
+        return {}
+    if name == "successive_halving":
+        return {"min_resource": schedule.every}
+    if name == "hyperband":
+        return {"min_resource": schedule.every, "max_resource": max(schedule.last, schedule.every)}
+    return {}
 
 
 def sampler_node(stock_sampler: Any, h: HpoConfig) -> DictConfig:
@@ -159,7 +192,9 @@ def record_oom_constraint(trial: Any, oom: bool) -> None:
         trial.set_constraint("oom", 1.0 if oom else 0.0)
 
 
-def build_pruner(name: str, args: dict[str, Any], n_objectives: int) -> Any:
+def build_pruner(
+    name: str, args: dict[str, Any], n_objectives: int, schedule: EvalSchedule | None = None
+) -> Any:
     if n_objectives > 1 or name == "none":  # Optuna cannot prune multi-objective trials
         return optuna.pruners.NopPruner()
     cls = {
@@ -168,7 +203,7 @@ def build_pruner(name: str, args: dict[str, Any], n_objectives: int) -> Any:
         "hyperband": optuna.pruners.HyperbandPruner,
     }[name]
     try:
-        return cls(**{**PRUNER_DEFAULTS.get(name, {}), **args})
+        return cls(**{**pruner_defaults(name, schedule), **args})
     except TypeError as e:
         raise SweepConfigError(f"hpo.pruner_args={args} do not fit {cls.__name__}: {e}") from None
 

@@ -108,26 +108,26 @@ def reporter_for_job(cfg: Any) -> Any:
     storage, study_name, number = str(hpo.storage), str(hpo.study_name), int(hpo.trial_number)
     trial = _LIVE_TRIALS.get((storage, study_name, number))
     if trial is None:
-        trial = _trial_from_storage(hpo, storage, study_name, number)
+        trial = _trial_from_storage(cfg, storage, study_name, number)
     if trial is None:
         return NullReporter()
     metric = str(hpo.get("report_metric") or "val_loss")
     return OptunaReporter(trial, metric, can_prune=len(trial.study.directions) == 1)
 
 
-def _trial_from_storage(hpo: Any, storage: str, study_name: str, number: int) -> Any:
+def _trial_from_storage(cfg: Any, storage: str, study_name: str, number: int) -> Any:
     """Rebuild the running trial in this process from the shared storage."""
     import optuna
 
     from . import _private as private
-    from ._samplers import build_pruner
+    from ._samplers import EvalSchedule, build_pruner
     from ._settings import read_hpo
     from ._storage import MEMORY, Masker, open_storage, storage_spec
 
     if storage == MEMORY:  # only the sweeper's process can reach it
         log.warning("trial %d: a study in memory takes no reports from another process", number)
         return None
-    settings = read_hpo(hpo)
+    settings = read_hpo(cfg.hpo)
     spec = storage_spec(storage, "hpo.storage", ".", null_is_memory=False)
     store = open_storage(spec, Masker.of([storage]))
     # The sampler is never used here (the sweeper sampled already): random keeps it cheap.
@@ -135,6 +135,6 @@ def _trial_from_storage(hpo: Any, storage: str, study_name: str, number: int) ->
         study_name=study_name,
         storage=store,
         sampler=optuna.samplers.RandomSampler(),
-        pruner=build_pruner(settings.pruner, dict(settings.pruner_args), 1),
+        pruner=build_pruner(settings.pruner, dict(settings.pruner_args), 1, EvalSchedule.of(cfg)),
     )
     return private.live_trial(study, number)
