@@ -207,15 +207,13 @@ def require_columns(columns: list[str], wanted: list[tuple[str, str]], split: st
 
 def dataset_identity(data_cfg: DictConfig) -> dict[str, Any]:
     """What determines the rows: files by path, size and modification time; a saved dataset by
-    the same of every file in its directory (its arrow data and state); a hub name by name."""
+    the same of the files save_to_disk wrote (its arrow data and state); a hub name by name."""
     if data_cfg.dataset:
-        name = Path(str(data_cfg.dataset)).expanduser()
-        where = sorted(str(p) for p in name.rglob("*") if p.is_file()) if name.is_dir() else []
         return {
             "dataset": str(data_cfg.dataset),
             "config": data_cfg.dataset_config,
             "splits": [data_cfg.train_split, data_cfg.val_split],
-            "files": file_fingerprints(where),
+            "files": file_fingerprints(saved_files(Path(str(data_cfg.dataset)).expanduser())),
         }
     ident: dict[str, Any] = {"files": file_fingerprints(expand_paths(list(data_cfg.paths)))}
     if data_cfg.val_paths:
@@ -223,6 +221,15 @@ def dataset_identity(data_cfg: DictConfig) -> dict[str, Any]:
             expand_paths(list(data_cfg.val_paths), "data.val_paths")
         )
     return ident
+
+
+def saved_files(directory: Path) -> list[str]:
+    """What save_to_disk wrote (its json state and data-*.arrow shards), not the cache-*.arrow
+    files `datasets` later adds beside them when it maps or splits: they must not change a key."""
+    if not directory.is_dir():
+        return []
+    wrote = [p for p in directory.rglob("*") if p.is_file()]
+    return sorted(str(p) for p in wrote if p.suffix == ".json" or p.name.startswith("data-"))
 
 
 def map_processes(setting: Any, n_rows: int) -> int | None:

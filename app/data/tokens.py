@@ -171,8 +171,9 @@ def split_document(text: str, val_fraction: float, seq_len: int) -> tuple[str, s
     the head never sees the validation text."""
     n_val = min(len(text) // 2, max(round(val_fraction * len(text)), seq_len + 1))
     cut = len(text) - n_val
-    # Prefer a cut at whitespace (no word split across the two), if one is near.
-    space = text.rfind(" ", max(cut // 2, cut - 64), cut + 1)
+    # Prefer a cut at whitespace (no word split across the two), if one is near and the head
+    # stays the larger part.
+    space = text.rfind(" ", max(cut - 64, (len(text) + 1) // 2), cut + 1)
     if space > 0:
         cut = space
     return text[:cut], text[cut:].lstrip(" ")
