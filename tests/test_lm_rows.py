@@ -234,3 +234,13 @@ def test_an_unsupported_extension_is_refused(tmp_path):
         ConfigError, match=r"data\.paths: .*rows\.txt: unsupported file type '\.txt'"
     ):
         load_token_data(_cfg(tmp_path, paths=[str(tmp_path / "rows.txt")]))
+
+
+def test_map_processes_follow_the_setting():
+    from app.data.sources import PARALLEL_MAP_ROWS, map_processes
+
+    assert map_processes("auto", 10) is None  # small data: one process starts faster
+    assert map_processes(1, PARALLEL_MAP_ROWS) is None
+    assert map_processes(3, 10) == 3
+    big = map_processes("auto", PARALLEL_MAP_ROWS)
+    assert big is None or 2 <= big <= 8
