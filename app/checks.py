@@ -124,6 +124,46 @@ def check_text_file(path: str | Path) -> None:
             ) from None
 
 
+def row_columns(cfg: DictConfig) -> list[tuple[str, str]]:
+    """(setting, column) pairs every row of `data.source=datasets` must have, for this task."""
+    if cfg.task.name == "classification":
+        from app.data.labelled import wanted_columns
+
+        return wanted_columns(cfg.data)
+    return [("data.text_column", cfg.data.text_column)]
+
+
+def check_rows(cfg: DictConfig) -> None:
+    """Files or a saved dataset for `data.source=datasets`: there, readable, not empty, with the
+    columns the task reads. Only a first row of each file set is read (streamed), and a saved
+    dataset is memory-mapped, so nothing is converted or tokenized yet. A hub name is checked
+    when it loads: whether it can be fetched depends on the network."""
+    from app.data import sources
+
+    wanted = row_columns(cfg)
+    if cfg.data.dataset:
+        name = str(cfg.data.dataset)
+        if not sources.is_local_dataset(name):
+            return
+        train, val = sources.dataset_splits(sources.open_dataset(name, None), cfg.data)
+        named = [("train", train), ("validation", val)]
+        for split, rows in [(s, r) for s, r in named if r is not None]:
+            if len(rows) == 0:
+                raise ConfigError(f"data.dataset={name}: the {split} split is empty")
+            sources.require_columns(rows.column_names, wanted, split)
+        return
+    given = [
+        ("data.paths", cfg.data.paths, "train"),
+        ("data.val_paths", cfg.data.val_paths, "validation"),
+    ]
+    for key, patterns, split in [g for g in given if g[1]]:
+        fs = sources.file_set(list(patterns), key, split)
+        row = sources.first_row(fs)
+        if row is None:
+            raise ConfigError(f"data: the {split} split is empty ({key}={', '.join(fs.files)})")
+        sources.require_columns(list(row), wanted, split)
+
+
 # ---------------------------------------------------------------------------------------------
 # Memory
 
@@ -228,10 +268,12 @@ def check_start(cfg: DictConfig, run_dir: Path, device_type: str, device_total: 
     check_local_paths(cfg)
     check_vocab(cfg)
     if cfg.data.source == "text_files":
-        from app.data.tokens import expand_paths
+        from app.data.sources import expand_paths
 
         for path in expand_paths(list(cfg.data.paths)):
             check_text_file(path)
+    if cfg.data.source == "datasets":
+        check_rows(cfg)
     check_step_batch(cfg, host_memory_bytes())
     usable = training_memory(cfg, device_type, device_total)
     if usable is not None:

@@ -25,7 +25,7 @@ TASK_ARCHS = {
 }
 MODEL_ARCHS = tuple(dict.fromkeys(a for archs in TASK_ARCHS.values() for a in archs))
 TASK_SOURCES = {
-    "causal_lm": ("builtin", "text_files", "synthetic"),
+    "causal_lm": ("builtin", "text_files", "synthetic", "datasets"),
     "classification": ("builtin", "datasets"),
 }
 SCHEDULES = ("cosine", "linear", "constant")
@@ -80,7 +80,7 @@ class ModelConfig:
 class DataConfig:
     name: str = MISSING
     # builtin (the task's generated corpus) | text_files | synthetic (causal LM)
-    # | datasets (classification: files or a dataset through the `datasets` library)
+    # | datasets (files or a dataset through the `datasets` library: app/data/sources.py)
     source: str = "builtin"
     paths: list[str] = field(default_factory=list)  # files or globs (text_files, datasets)
     tokenizer: str = "byte"  # byte | train | <local path or hub name>
@@ -88,13 +88,15 @@ class DataConfig:
     seq_len: int = 128  # causal LM: block size, tokens per packed sequence
     val_fraction: float = 0.05
     builtin_num_docs: int = 4000  # size of the generated corpus (source=builtin): docs or rows
-    # Labelled data (task=classification): app/data/labelled.py
+    # Rows through `datasets` (source=datasets, either task)
     val_paths: list[str] = field(default_factory=list)  # a validation set of files of its own
     dataset: str | None = None  # a save_to_disk directory or a hub name (source=datasets)
     dataset_config: str | None = None  # the hub dataset's configuration, e.g. mnli of glue
     train_split: str = "train"
     val_split: str = "validation"  # held out from train by val_fraction when absent
     text_column: str = "text"
+    map_num_proc: Any = "auto"  # auto (several processes for large data only) | int
+    # Labelled data (task=classification): app/data/labelled.py
     text_pair_column: str | None = "text_pair"  # null for single texts
     label_column: str = "label"
     max_length: int = 128  # tokens per sample after truncation (pairs: both texts)
@@ -296,6 +298,8 @@ def _validate_data(d: DictConfig) -> None:
         )
     if d.num_workers != "auto" and not _is_count(d.num_workers):
         raise ConfigError(f"data.num_workers={d.num_workers!r} must be auto or an integer >= 0")
+    if d.map_num_proc != "auto" and not (_is_count(d.map_num_proc) and d.map_num_proc >= 1):
+        raise ConfigError(f"data.map_num_proc={d.map_num_proc!r} must be auto or an integer >= 1")
 
 
 def _validate_training(t: DictConfig) -> None:

@@ -81,6 +81,24 @@ CASES = [
     ("binary-file", ["data=text_files", "data.paths=[{tmp}/data.bin]"], "is not text"),
     ("latin1-file", ["data=text_files", "data.paths=[{tmp}/latin1.txt]"], "not UTF-8 text"),
     ("group-option", ["data=imagenet"], "data=imagenet is not an option of 'data'"),
+    # data through `datasets` (causal LM rows)
+    ("rows-nothing", ["data=hf_text"], "data.source=datasets needs data.paths"),
+    ("rows-no-file", ["data=hf_text", "data.paths=[/nonexistent/*.jsonl]"], "no file matches"),
+    ("rows-extension", ["data=hf_text", "data.paths=[{tmp}/rows.xml]"], "file type '.xml'"),
+    ("rows-empty", ["data=hf_text", "data.paths=[{tmp}/empty.jsonl]"], "train split is empty"),
+    (
+        "rows-column",
+        ["data=hf_text", "data.paths=[{tmp}/rows.jsonl]", "data.text_column=body"],
+        "data.text_column='body' is not a column of the train split; it has text, id",
+    ),
+    ("saved-missing", ["data=hf_text", "data.dataset=/nonexistent/saved"], "no such directory"),
+    ("saved-empty", ["data=hf_text", "data.dataset={tmp}/saved_empty"], "train split is empty"),
+    (
+        "saved-column",
+        ["data=hf_text", "data.dataset={tmp}/saved", "data.text_column=body"],
+        "data.text_column='body' is not a column of the train split; it has text",
+    ),
+    ("map-procs", ["data.map_num_proc=0"], "data.map_num_proc=0 must be auto or an integer"),
     # device and precision
     ("gpu-unknown", ["gpu=rtx9090"], "gpu=rtx9090 is not an option of 'gpu'"),
     ("gpu-absent", ["gpu=rtx4090"], "needs a CUDA device"),
@@ -116,9 +134,33 @@ def finished_run(tmp_path_factory) -> Path:
     return base
 
 
+@pytest.fixture(scope="module")
+def saved_datasets(tmp_path_factory) -> Path:
+    """Directories written by save_to_disk: one with rows, one empty."""
+    import datasets
+
+    base = tmp_path_factory.mktemp("saved")
+    text = datasets.Features({"text": datasets.Value("string")})
+    datasets.Dataset.from_dict({"text": ["a row of text"] * 4}, features=text).save_to_disk(
+        str(base / "saved")
+    )
+    # One (empty) shard: with none, load_from_disk cannot open what save_to_disk wrote.
+    datasets.Dataset.from_dict({"text": []}, features=text).save_to_disk(
+        str(base / "saved_empty"), num_shards=1
+    )
+    return base
+
+
 @pytest.fixture
-def scratch(tmp_path, finished_run) -> Path:
+def scratch(tmp_path, finished_run, saved_datasets) -> Path:
     shutil.copytree(finished_run / "run", tmp_path / "run")
+    for name in ("saved", "saved_empty"):
+        shutil.copytree(saved_datasets / name, tmp_path / name)
+    (tmp_path / "rows.jsonl").write_text(
+        '{"text": "a row", "id": 1}\n{"text": "another", "id": 2}\n'
+    )
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "rows.xml").write_text("<rows><row>text</row></rows>\n")
     (tmp_path / "data.bin").write_bytes(bytes(range(256)) * 64)
     (tmp_path / "latin1.txt").write_bytes("caf\xe9 cr\xe8me br\xfbl\xe9e\n".encode("latin-1") * 9)
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")

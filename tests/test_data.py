@@ -113,6 +113,47 @@ def test_too_small_corpus_names_seq_len(tmp_path):
         load_token_data(make_cfg(tmp_path, builtin_num_docs=20, seq_len=4096))
 
 
+def test_a_single_document_is_cut_into_a_train_head_and_a_val_tail():
+    doc = " ".join(generate_corpus(30, seed=1))
+    train, val = split_documents([doc], 0.1, seed=0, seq_len=32)
+    assert len(train) == len(val) == 1
+    assert doc == train[0] + " " + val[0] or doc == train[0] + val[0]
+    assert 0.05 * len(doc) < len(val[0]) < 0.2 * len(doc)
+
+
+def test_a_short_single_document_keeps_half_for_training():
+    train, val = split_documents(["ab " * 20], 0.05, seed=0, seq_len=128)
+    assert len(train[0]) >= len(val[0]) > 0
+
+
+def test_no_documents_is_one_line(tmp_path):
+    (tmp_path / "blank.txt").write_text("\n\n  \n")
+    cfg = make_cfg(tmp_path, source="text_files", paths=[str(tmp_path / "blank.txt")])
+    with pytest.raises(ConfigError, match=r"data\.paths: the files hold no text"):
+        load_token_data(cfg)
+
+
+def test_a_text_file_of_one_document_trains(tmp_path):
+    from app.runner import run_training
+    from tests.conftest import compose, tiny
+
+    # One paragraph: no blank line anywhere, so the file is a single document.
+    (tmp_path / "one.txt").write_text(" ".join(generate_corpus(300, seed=4)), encoding="utf-8")
+    overrides = tiny(
+        tmp_path,
+        "data=text_files",
+        f"data.paths=[{tmp_path}/one.txt]",
+        "data.tokenizer=byte",
+        "data.seq_len=32",
+        "training.max_steps=30",
+        "training.eval_every=10",
+        "training.lr=3e-3",
+    )
+    summary = run_training(compose(overrides), tmp_path / "run")
+    assert summary["status"] == "completed"
+    assert summary["final_val_loss"] < summary["initial_val_loss"] - 0.5
+
+
 # --- cache -----------------------------------------------------------------------------------
 
 

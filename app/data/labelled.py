@@ -5,7 +5,7 @@ Sources (`data.source`):
 - `datasets`: anything the `datasets` library opens: JSONL/JSON, CSV/TSV and Parquet files
   (`data.paths`, and `data.val_paths` for a validation set of their own), a directory written
   by `save_to_disk`, or a hub name where a network exists (`data.dataset`, with
-  `data.dataset_config`, `data.train_split`, `data.val_split`).
+  `data.dataset_config`, `data.train_split`, `data.val_split`), opened by app/data/sources.py.
 
 Columns are configurable (`data.text_column`, `data.text_pair_column` (null for single texts),
 `data.label_column`). Labels may be strings or ints: `task.labels` fixes the names and their
@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,19 +28,13 @@ from omegaconf import DictConfig
 
 from app.atomic import atomic_write, atomic_write_text
 from app.data.padded import PaddedRows, pad_rows
+from app.data.sources import dataset_identity, map_processes, open_rows, require_columns
 from app.validation import ConfigError
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1
 UNLABELLED = -1  # the datasets convention (GLUE test splits): such rows are dropped
 SPECIALS = ("[PAD]", "[CLS]", "[SEP]")
-FILE_FORMATS = {
-    ".jsonl": "json",
-    ".json": "json",
-    ".csv": "csv",
-    ".tsv": "csv",
-    ".parquet": "parquet",
-}
 
 
 @dataclass
@@ -105,9 +98,11 @@ def read_splits(data_cfg: DictConfig) -> tuple[Any, Any, Any]:
         rows = datasets.Dataset.from_list(generated, features=features)
         train, val = hold_out(rows, data_cfg)
         return train, val, rows.features
-    if data_cfg.dataset:
-        return _from_dataset(data_cfg)
-    return _from_files(data_cfg)
+    found = open_rows(data_cfg)
+    if found.val is None:
+        train, val = hold_out(found.train, data_cfg)
+        return train, val, found.features
+    return found.train, found.val, found.features
 
 
 def hold_out(rows: Any, data_cfg: DictConfig) -> tuple[Any, Any]:
@@ -117,84 +112,21 @@ def hold_out(rows: Any, data_cfg: DictConfig) -> tuple[Any, Any]:
     return parts["train"], parts["test"]
 
 
-def _from_files(data_cfg: DictConfig) -> tuple[Any, Any, Any]:
-    from app.data.tokens import expand_paths
-
-    train = _read_files(expand_paths(list(data_cfg.paths)), "data.paths", "train")
-    if data_cfg.val_paths:
-        val = _read_files(expand_paths(list(data_cfg.val_paths)), "data.val_paths", "validation")
-        return train, val, train.features
-    train, val = hold_out(train, data_cfg)
-    return train, val, train.features
-
-
-def _read_files(files: list[str], key: str, split: str) -> Any:
-    import datasets
-
-    formats = {FILE_FORMATS.get(Path(f).suffix.lower()) for f in files}
-    if None in formats or len(formats) != 1:
-        allowed = ", ".join(sorted(FILE_FORMATS))
-        raise ConfigError(f"{key}: {files[0]}...: give files of one format: {allowed}")
-    fmt = formats.pop()
-    if all(os.path.getsize(f) == 0 for f in files):
-        raise ConfigError(f"data: the {split} split is empty ({key}={', '.join(files)})")
-    kwargs = {"delimiter": "\t"} if all(f.lower().endswith(".tsv") for f in files) else {}
-    try:
-        return datasets.load_dataset(fmt, data_files=files, split="train", **kwargs)
-    except Exception as exc:  # a malformed file: the library's message, one line
-        raise ConfigError(f"{key}: cannot read {files[0]} as {fmt} ({_first_line(exc)})") from None
-
-
-def _from_dataset(data_cfg: DictConfig) -> tuple[Any, Any, Any]:
-    import datasets
-
-    name = str(data_cfg.dataset)
-    try:
-        if Path(name).expanduser().is_dir():
-            loaded = datasets.load_from_disk(str(Path(name).expanduser()))
-        else:
-            loaded = datasets.load_dataset(name, data_cfg.dataset_config)
-    except Exception as exc:
-        raise ConfigError(
-            f"data.dataset={name!r} could not be opened ({_first_line(exc)}); give a directory "
-            "written by save_to_disk or a hub name the machine can reach"
-        ) from None
-    if isinstance(loaded, datasets.Dataset):  # one split saved: hold out validation
-        train, val = hold_out(loaded, data_cfg)
-        return train, val, loaded.features
-    train = _split(loaded, data_cfg.train_split, "data.train_split")
-    if data_cfg.val_split in loaded:
-        return train, _split(loaded, data_cfg.val_split, "data.val_split"), train.features
-    log.info(
-        "no split %r: holding out %.0f%% of train", data_cfg.val_split, 100 * data_cfg.val_fraction
-    )
-    train, val = hold_out(train, data_cfg)
-    return train, val, loaded[data_cfg.train_split].features
-
-
-def _split(loaded: Any, name: str, key: str) -> Any:
-    if name not in loaded:
-        raise ConfigError(
-            f"{key}={name!r} is not a split of data.dataset; it has {', '.join(loaded)}"
-        )
-    return loaded[name]
-
-
 def check_columns(data_cfg: DictConfig, rows: Any, split: str) -> None:
     if len(rows) == 0:
         raise ConfigError(f"data: the {split} split is empty")
+    require_columns(rows.column_names, wanted_columns(data_cfg), split)
+
+
+def wanted_columns(data_cfg: DictConfig) -> list[tuple[str, str]]:
+    """(setting, column) pairs a labelled row must have."""
     wanted = [
         ("data.text_column", data_cfg.text_column),
         ("data.label_column", data_cfg.label_column),
     ]
     if data_cfg.text_pair_column:
         wanted.insert(1, ("data.text_pair_column", data_cfg.text_pair_column))
-    for key, column in wanted:
-        if column not in rows.column_names:
-            raise ConfigError(
-                f"{key}={column!r} is not a column of the {split} split; it has "
-                f"{', '.join(rows.column_names)}"
-            )
+    return wanted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,17 +282,12 @@ def tokenize_rows(
         return {"input_ids": out["input_ids"], "token_type_ids": out["token_type_ids"]}
 
     # Batched and, for large splits, in several processes; a file-backed dataset caches it.
-    procs = _map_processes(len(rows))
+    procs = map_processes(data_cfg.map_num_proc, len(rows))
     encoded = rows.map(encode, batched=True, num_proc=procs, remove_columns=rows.column_names)
     types = encoded["token_type_ids"] if pair else None
     return pad_rows(
         encoded["input_ids"], types, labels, data_cfg.max_length, int(tokenizer.pad_token_id)
     )
-
-
-def _map_processes(n: int) -> int | None:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(8, cpus or 1) if n >= 100_000 and (cpus or 1) > 1 else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,8 +300,6 @@ def _hash(obj: Any) -> str:
 
 def source_identity(data_cfg: DictConfig) -> dict[str, Any]:
     """What determines the rows and their split (files by path, size and modification time)."""
-    from app.data.tokens import expand_paths, file_fingerprints
-
     ident: dict[str, Any] = {
         "source": data_cfg.source,
         "seed": data_cfg.seed,
@@ -384,19 +309,8 @@ def source_identity(data_cfg: DictConfig) -> dict[str, Any]:
         from app.data.nli_corpus import NLI_VERSION
 
         ident.update(rows=data_cfg.builtin_num_docs, nli_version=NLI_VERSION)
-    elif data_cfg.dataset:
-        name = Path(str(data_cfg.dataset)).expanduser()
-        where = sorted(str(p) for p in name.rglob("*") if p.is_file()) if name.is_dir() else []
-        ident.update(
-            dataset=str(data_cfg.dataset),
-            config=data_cfg.dataset_config,
-            splits=[data_cfg.train_split, data_cfg.val_split],
-            files=file_fingerprints(where),
-        )
     else:
-        ident["files"] = file_fingerprints(expand_paths(list(data_cfg.paths)))
-        if data_cfg.val_paths:
-            ident["val_files"] = file_fingerprints(expand_paths(list(data_cfg.val_paths)))
+        ident.update(dataset_identity(data_cfg))
     return ident
 
 
@@ -424,8 +338,3 @@ def _cache_key(data_cfg: DictConfig, names: list[str], tok: Any) -> str:
 
 def _vocab_hash(tok: Any) -> str:
     return _hash(sorted(tok.get_vocab().items()))
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__

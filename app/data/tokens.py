@@ -1,5 +1,9 @@
 """Token data: documents -> tokens -> packed blocks, cached.
 
+Documents are the generated corpus (`data.source=builtin`), the paragraphs of text files
+(`text_files`; a file of one paragraph is cut in two: its tail is the validation text), or the
+text column of rows read through `datasets` (`datasets`: app/data/lm_rows.py).
+
 Blocks are `seq_len + 1` tokens (input = block[:-1], target = block[1:]). Documents are joined
 with an end-of-document token: byte 0 for the byte tokenizer (it never occurs in text, unlike a
 newline, so a document boundary is unambiguous), `<|endoftext|>` for a trained BPE, and the
@@ -8,12 +12,11 @@ tokenizer's EOS (else SEP) for a pretrained one. The per-step loader is in app/d
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from app.atomic import atomic_write, atomic_write_text
 from app.config import ConfigError, DataConfig
 from app.data.corpus import CORPUS_VERSION, generate_corpus
+from app.data.sources import dataset_identity, expand_paths, file_fingerprints
 
 # Bump when tokenization or packing changes, so old caches are not reused.
 CACHE_VERSION = 1
@@ -72,44 +76,52 @@ def _as_dictconfig(cfg: DataConfig | DictConfig) -> DictConfig:
     return cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
 
 
+@dataclass
+class TokenStreams:
+    """Both splits as one token stream each, and the tokenizer that made them."""
+
+    train: torch.Tensor  # int64 [n_train_tokens]
+    val: torch.Tensor  # int64 [n_val_tokens]
+    tokenizer: TextTokenizer
+
+
 def _build_token_data(cfg: DictConfig, files: list[str]) -> TokenData:
+    if cfg.source == "datasets":
+        from app.data.lm_rows import row_token_streams
+
+        streams = row_token_streams(cfg)
+    else:
+        streams = _document_token_streams(cfg, files)
+    block = cfg.seq_len + 1
+    n_train, n_val = streams.train.numel(), streams.val.numel()
+    if n_train < block or n_val < block:
+        raise ConfigError(
+            f"data.seq_len={cfg.seq_len}: the corpus ({n_train} train / {n_val} val tokens) is "
+            f"too small for one train and one val block of {block} tokens; lower data.seq_len "
+            "or add text via data.paths"
+        )
+    return TokenData(
+        train=pack_blocks(streams.train, cfg.seq_len),
+        val=pack_blocks(streams.val, cfg.seq_len),
+        vocab_size=streams.tokenizer.vocab_size,
+        pad_id=streams.tokenizer.pad_id,
+        tokenizer_name=streams.tokenizer.name,
+    )
+
+
+def _document_token_streams(cfg: DictConfig, files: list[str]) -> TokenStreams:
     docs = _read_documents(cfg, files)
     train_docs, val_docs = split_documents(docs, cfg.val_fraction, cfg.seed, cfg.seq_len)
     tok = load_tokenizer(cfg, train_docs, files)
-    train_ids = tokenize_documents(train_docs, tok)
-    val_ids = tokenize_documents(val_docs, tok)
-    block = cfg.seq_len + 1
-    if train_ids.numel() < block or val_ids.numel() < block:
-        raise ConfigError(
-            f"data.seq_len={cfg.seq_len}: the corpus ({train_ids.numel()} train / "
-            f"{val_ids.numel()} val tokens) is too small for one train and one val block of "
-            f"{block} tokens; lower data.seq_len or add text via data.paths"
-        )
-    return TokenData(
-        train=pack_blocks(train_ids, cfg.seq_len),
-        val=pack_blocks(val_ids, cfg.seq_len),
-        vocab_size=tok.vocab_size,
-        pad_id=tok.pad_id,
-        tokenizer_name=tok.name,
+    return TokenStreams(
+        train=tokenize_documents(train_docs, tok),
+        val=tokenize_documents(val_docs, tok),
+        tokenizer=tok,
     )
 
 
 # ---------------------------------------------------------------------------------------------
 # Documents
-
-
-def expand_paths(patterns: list[str]) -> list[str]:
-    files: set[str] = set()
-    for pattern in patterns:
-        matches = [
-            os.path.abspath(m)
-            for m in glob.glob(os.path.expanduser(pattern), recursive=True)
-            if os.path.isfile(m)
-        ]
-        if not matches:
-            raise ConfigError(f"data.paths: no file matches {pattern!r}")
-        files.update(matches)
-    return sorted(files)
 
 
 def _read_documents(cfg: DictConfig, files: list[str]) -> list[str]:
@@ -126,12 +138,17 @@ def _read_documents(cfg: DictConfig, files: list[str]) -> list[str]:
 def split_documents(
     docs: list[str], val_fraction: float, seed: int, seq_len: int
 ) -> tuple[list[str], list[str]]:
-    """Hold out `val_fraction` of the documents (at least enough text for one block)."""
-    if len(docs) < 2:
+    """Hold out `val_fraction` of the documents (at least enough text for one block).
+
+    A single document is cut in two instead: its tail is the validation text.
+    """
+    if not docs:
         raise ConfigError(
-            f"data.paths / data.builtin_num_docs: found {len(docs)} document(s); need at least 2 "
-            f"(one train, one val) to hold out validation data for data.seq_len={seq_len}"
+            "data.paths: the files hold no text (0 documents); give files with some text"
         )
+    if len(docs) == 1:
+        head, tail = split_document(docs[0], val_fraction, seq_len)
+        return [head], [tail]
     order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = max(1, round(val_fraction * len(docs)))
     # Grow the val split until it has roughly one block of text. Characters are a proxy for
@@ -148,16 +165,31 @@ def split_documents(
     return train, val
 
 
+def split_document(text: str, val_fraction: float, seq_len: int) -> tuple[str, str]:
+    """(head, tail) of one document: the tail is `val_fraction` of its characters, at least one
+    block's worth, at most half. Cut by characters, before tokenizing, so a tokenizer trained on
+    the head never sees the validation text."""
+    n_val = min(len(text) // 2, max(round(val_fraction * len(text)), seq_len + 1))
+    cut = len(text) - n_val
+    # Prefer a cut at whitespace (no word split across the two), if one is near and the head
+    # stays the larger part.
+    space = text.rfind(" ", max(cut - 64, (len(text) + 1) // 2), cut + 1)
+    if space > 0:
+        cut = space
+    return text[:cut], text[cut:].lstrip(" ")
+
+
 # ---------------------------------------------------------------------------------------------
 # Tokenizers
 
 
 def load_tokenizer(
     cfg: DataConfig | DictConfig,
-    train_docs: list[str] | None = None,
+    train_docs: Iterable[str] | Iterable[list[str]] | None = None,
     files: list[str] | None = None,
 ) -> TextTokenizer:
-    """`train_docs` is the BPE training text (tokenizer=train); `files` goes into its cache key."""
+    """`train_docs` is the BPE training text (tokenizer=train): documents, or batches of them;
+    `files` goes into its cache key."""
     cfg = _as_dictconfig(cfg)
     if cfg.tokenizer == "byte":
         return _byte_tokenizer()
@@ -177,7 +209,9 @@ def _byte_tokenizer() -> TextTokenizer:
     )
 
 
-def _trained_bpe(cfg: DictConfig, train_docs: list[str], files: list[str]) -> TextTokenizer:
+def _trained_bpe(
+    cfg: DictConfig, train_docs: Iterable[str] | Iterable[list[str]], files: list[str]
+) -> TextTokenizer:
     from tokenizers import Tokenizer
 
     if cfg.tokenizer_vocab_size < 257:
@@ -203,7 +237,7 @@ def _trained_bpe(cfg: DictConfig, train_docs: list[str], files: list[str]) -> Te
     )
 
 
-def _train_bpe(texts: list[str], vocab_size: int) -> Any:
+def _train_bpe(texts: Iterable[str] | Iterable[list[str]], vocab_size: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -216,7 +250,9 @@ def _train_bpe(texts: list[str], vocab_size: int) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    # A generator of batches (rows of a large dataset) has no length: it only sizes a progress bar.
+    length = len(texts) if isinstance(texts, list) else None
+    tok.train_from_iterator(texts, trainer=trainer, length=length)
     return tok
 
 
@@ -310,10 +346,6 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def file_fingerprints(files: list[str]) -> list[list[Any]]:
-    return [[f, (st := os.stat(f)).st_size, st.st_mtime_ns] for f in files]
-
-
 def _text_identity(cfg: DictConfig, files: list[str]) -> dict[str, Any]:
     """What determines the documents and their train/val split."""
     ident: dict[str, Any] = {
@@ -323,6 +355,8 @@ def _text_identity(cfg: DictConfig, files: list[str]) -> dict[str, Any]:
     }
     if cfg.source == "builtin":
         ident.update(num_docs=cfg.builtin_num_docs, corpus_version=CORPUS_VERSION)
+    elif cfg.source == "datasets":
+        ident.update(rows=dataset_identity(cfg), text_column=cfg.text_column)
     else:
         ident["files"] = file_fingerprints(files)
     return ident
