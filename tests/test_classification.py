@@ -227,6 +227,61 @@ def test_an_oom_at_micro_batch_1_ends_in_status_oom(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "oom"
 
 
+@pytest.mark.slow
+def test_an_accuracy_study_samples_the_batch_scores_accuracy_and_prunes_an_oom(tmp_path):
+    """The issue's command, shrunk: trials sample the effective batch, each trial's value is its
+    validation accuracy (maximized), and a trial that runs out of memory even at micro-batch 1
+    is PRUNED with reason oom while the study goes on."""
+    import subprocess
+    import sys
+
+    import optuna
+
+    from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+
+    batch = "training.effective_batch_size:'choice(8, 16)'"
+    space = f"{{{batch},faults.oom_above_micro_batch:'choice(64, 0)'}}"
+    oom_first = "[{training.effective_batch_size:8,faults.oom_above_micro_batch:0}]"
+    # A plain key=value on the command line fixes a key: leave the batch to the sampler.
+    sampled = [a for a in nli(tmp_path) if not a.startswith("training.effective_batch_size=")]
+    cmd = [
+        *("-m", "hpo=optuna", *sampled),
+        "hpo.metric=final_val_accuracy",
+        "hpo.direction=maximize",
+        "hpo.report_metric=val_accuracy",
+        "hpo.n_trials=6",
+        "hpo.study_name=nli",
+        f"hpo.storage={tmp_path}/study.journal",
+        "hpo.tensorboard=false",
+        f"hpo.enqueue={oom_first}",
+        f"hydra.sweeper.params={space}",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.train", *cmd], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = optuna.load_study(study_name="nli", storage=journal(f"{tmp_path}/study.journal"))
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
+    trials = study.get_trials()
+    assert len(trials) == 6 and all(t.state.is_finished() for t in trials)
+    assert {t.params["training.effective_batch_size"] for t in trials} <= {8, 16}
+    oom = trials[0]
+    assert oom.state == optuna.trial.TrialState.PRUNED and oom.user_attrs["reason"] == "oom"
+    for t in trials:
+        if t.params["faults.oom_above_micro_batch"] == 0:
+            assert t.user_attrs["reason"] == "oom"
+            continue
+        summary = json.loads((Path(t.user_attrs["run_dir"]) / "summary.json").read_text())
+        assert t.user_attrs["effective_batch_size"] == t.params["training.effective_batch_size"]
+        # What the pruner saw at each evaluation is the accuracy, not the loss.
+        assert set(t.intermediate_values) == {0, 3, 6}
+        assert all(0.0 <= v <= 1.0 for v in t.intermediate_values.values())
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            assert t.value == pytest.approx(summary["final_val_accuracy"])
+            assert t.intermediate_values[6] == pytest.approx(summary["final_val_accuracy"])
+
+
 # --- labelled data from files and datasets -----------------------------------------------
 
 

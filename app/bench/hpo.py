@@ -120,7 +120,11 @@ def run_study(overrides: list[str]) -> dict[str, Any]:
             f"hydra.sweep.dir={tmp}/multirun", f"data.cache_dir={tmp}/cache",
         ]  # fmt: skip
         started = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(
+                f"study failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}"
+            )
         wall = time.perf_counter() - started
         study = optuna.load_study(study_name="bench", storage=journal(f"{tmp}/study.journal"))
         trials = [trial_row(t) for t in sorted(study.get_trials(), key=lambda t: t.number)]
