@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from app.config import sequence_key
 from app.hardware.memory import host_memory_bytes
 from app.model_size import estimate_parameters
+from app.tracking import check_trackers
 from app.validation import ConfigError
 
 GIB = 2**30
@@ -264,6 +265,7 @@ def check_start(cfg: DictConfig, run_dir: Path, device_type: str, device_total: 
     Raises ConfigError, or AlreadyComplete when the checkpoint is at max_steps already.
     """
     check_run_dir(run_dir)
+    check_trackers(cfg)
     check_precision(cfg, device_type)
     check_local_paths(cfg)
     check_vocab(cfg)

@@ -30,6 +30,7 @@ TASK_SOURCES = {
 }
 SCHEDULES = ("cosine", "linear", "constant")
 FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
+WANDB_MODES = ("offline", "online", "disabled")
 HOST_MALLOC_POLICIES = ("retain", "default")  # app/hardware/host_malloc.py
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -127,6 +128,17 @@ class AutoBatchConfig:
 
 
 @dataclass
+class ProfilerConfig:
+    """A torch.profiler window over optimizer steps (app/profiling.py); steps=0: off."""
+
+    steps: int = 0  # how many optimizer steps to record
+    start_step: int = 5  # the first of them, after the warm-up steps
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+
+
+@dataclass
 class TrainingConfig:
     effective_batch_size: int = 32  # samples per optimizer step, all ranks together
     micro_batch_size: Any = 8  # auto | int
@@ -157,6 +169,13 @@ class TrainingConfig:
     # Host malloc policy (app/hardware/host_malloc.py): retain | default. retain keeps freed
     # memory for the next step instead of page-faulting it back in from the kernel every step.
     host_malloc: str = "retain"
+    # PYTORCH_CUDA_ALLOC_CONF's expandable_segments (app/hardware/cuda_alloc.py): true or false
+    # is merged into the variable before CUDA starts; null leaves the environment's setting.
+    expandable_segments: bool | None = None
+    # torch.cuda.empty_cache() after each evaluation (CUDA only): hands the evaluation's cached
+    # blocks back to the driver, at the cost of allocating them again in the next steps.
+    empty_cache_after_eval: bool = False
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
 
 
@@ -180,6 +199,43 @@ class FaultsConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases (pip extra `wandb`). Offline by default: no account, no network."""
+
+    enabled: bool = False
+    project: str = "hydratrain"
+    entity: str | None = None
+    mode: str = "offline"  # offline | online | disabled
+    dir: str | None = None  # null: the run dir (W&B writes <dir>/wandb/)
+    name: str | None = None  # null: the run dir's last two parts
+    group: str | None = None  # null: the study's name under hpo, else none
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MlflowConfig:
+    """MLflow (pip extra `mlflow`). A local SQLite database by default, any tracking URI by
+    config. MLflow 3 refuses a bare file store unless MLFLOW_ALLOW_FILE_STORE=true."""
+
+    enabled: bool = False
+    tracking_uri: str = "sqlite:///outputs/mlflow/mlflow.db"  # relative paths: the working dir
+    experiment: str = "hydratrain"
+    run_name: str | None = None  # null: the run dir's last two parts
+    # Where a new experiment keeps its artifacts; null: beside a SQLite database, else the
+    # server's default.
+    artifact_location: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TrackingConfig:
+    """Experiment trackers beside TensorBoard and metrics.jsonl (app/tracking/)."""
+
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+
+
+@dataclass
 class TrainConfig:
     gpu: GpuConfig = MISSING
     precision: PrecisionConfig = MISSING
@@ -188,6 +244,7 @@ class TrainConfig:
     training: TrainingConfig = MISSING
     task: TaskConfig = field(default_factory=TaskConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     hpo: HpoConfig | None = None  # set by hpo=optuna; read by the sweeper and the trial reporter
     # summary.json key main() returns, or a list of keys for multi-objective studies
     objective: Any = "final_val_loss"
@@ -220,6 +277,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_data(cfg.data)
     _validate_training(cfg.training)
     _validate_faults(cfg.faults)
+    _validate_tracking(cfg.tracking)
 
 
 def _validate_preset_precision(gpu: DictConfig, requested: str) -> None:
@@ -332,7 +390,24 @@ def _validate_training(t: DictConfig) -> None:
     betas = list(t.betas)
     if len(betas) != 2 or not all(_is_number(b) and 0.0 <= b < 1.0 for b in betas):
         raise ConfigError(f"training.betas={betas} must be two numbers in [0, 1)")
+    p = t.profiler
+    if p.steps and p.start_step >= t.max_steps:
+        raise ConfigError(
+            f"training.profiler.start_step={p.start_step} is not a step of this run "
+            f"(training.max_steps={t.max_steps}); allowed: 0..{t.max_steps - 1}"
+        )
 
 
 def _validate_faults(f: DictConfig) -> None:
     _one_of("faults.oom_phase", f.oom_phase, FAULT_PHASES)
+
+
+def _validate_tracking(t: DictConfig) -> None:
+    _one_of("tracking.wandb.mode", t.wandb.mode, WANDB_MODES)
+    for key, value in (
+        ("tracking.wandb.project", t.wandb.project),
+        ("tracking.mlflow.experiment", t.mlflow.experiment),
+        ("tracking.mlflow.tracking_uri", t.mlflow.tracking_uri),
+    ):
+        if not str(value).strip():
+            raise ConfigError(f"{key}={value!r} must not be empty")

@@ -35,6 +35,7 @@ from app.hardware.precision import PrecisionPlan, autocast
 from app.objective import NullReporter, Reporter
 from app.outcomes import Diverged, Preempted, Pruned, TrainingOOM
 from app.preemption import StopRequest
+from app.profiling import StepProfiler
 from app.tasks.base import Task, move
 from app.tasks.causal_lm import CausalLM
 from app.telemetry import RunLogger, cuda_memory_metrics, mfu, peak_memory_bytes
@@ -359,6 +360,13 @@ class Throughput:
         self._read_marks()
         return seconds
 
+    def skip_window(self) -> None:
+        """Drop a window that holds no counted step (profiled steps only): the next window
+        starts now, and the steady figure never sees this one."""
+        self.window_start, self.paused = time.perf_counter(), 0.0
+        if self.device is not None:
+            self._marks = [("origin", self._mark())]
+
     def _read_marks(self) -> None:
         self.step_times, self.device_seconds = [], None
         if self.device is None:
@@ -406,12 +414,17 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
         summary.update({f"initial_val_{m.name}": values[m.name] for m in run.task.metrics})
     meter = Throughput(run.device)
     window = Window(torch.zeros((), device=run.device))
+    profiler = StepProfiler(cfg.profiler, run.run_dir, run.device, run.dist.rank)
     bar = _progress(run)
     try:
         for step in range(run.start_step, cfg.max_steps):
             batch = next(run.steps)
-            window.add(step_with_recovery(run, batch, step))
-            meter.mark_step()  # a CUDA event (no sync) or a clock reading, read at the log point
+            if profiler.covers(step):
+                window.add(profiled_step(run, batch, step, meter, profiler), counted=False)
+                summary["profile"] = profiler.describe()
+            else:
+                window.add(step_with_recovery(run, batch, step))
+                meter.mark_step()  # a CUDA event (no sync) or a clock reading, read at log points
             done = step + 1
             if done % cfg.log_every == 0 or done == cfg.max_steps:
                 _log_window(run, done, window, meter, summary, bar)
@@ -433,9 +446,30 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
             if done < cfg.max_steps and stop_requested(run):
                 stop_here(run, done, saved)
     finally:
+        profiler.close()  # a run that ends inside the window still writes its trace
         if bar is not None:
             bar.close()
     return summary
+
+
+def profiled_step(
+    run: Run, batch: Any, step: int, meter: Throughput, profiler: StepProfiler
+) -> StepResult:
+    """One step under the profiler, kept out of the throughput figures: recording slows it
+    several-fold. The device is synced on both sides so the pause holds exactly this step's
+    work; the earlier steps' queued work is timed in their own window."""
+    synchronize(run.device)
+    with meter.pause():
+        profiler.before_step(step)
+        result = step_with_recovery(run, batch, step)
+        synchronize(run.device)
+        profiler.after_step(step)
+    return result
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def stop_requested(run: Run) -> bool:
@@ -463,16 +497,18 @@ class Window:
 
     loss: torch.Tensor  # on the device: summed over `units`
     units: int = 0
-    tokens: int = 0  # this rank's
-    steps: int = 0
+    tokens: int = 0  # this rank's, of the steps that count toward throughput
+    steps: int = 0  # ... and those steps
     grad_norm: torch.Tensor | None = None  # the last step's
 
-    def add(self, result: StepResult) -> None:
+    def add(self, result: StepResult, counted: bool = True) -> None:
+        """A step's loss always counts; its tokens only when its time does (not profiled)."""
         self.loss += result.loss_sum
         self.units += result.units
-        self.tokens += result.tokens
-        self.steps += 1
         self.grad_norm = result.grad_norm
+        if counted:
+            self.tokens += result.tokens
+            self.steps += 1
 
     def reset(self) -> None:
         self.loss.zero_()
@@ -483,22 +519,14 @@ def _log_window(run: Run, done: int, window: Window, meter, summary, bar) -> Non
     train_loss = window.loss.item() / max(window.units, 1)  # the window's host sync
     if not math.isfinite(train_loss):
         raise Diverged(f"train loss is {train_loss} at step {done}")
-    tokens = int(global_sum(window.tokens, run.dist, run.device))  # all ranks' (a sync: here)
-    seconds = meter.close_window(tokens, run.device)
-    step_time = seconds / window.steps
-    tok_s = tokens / seconds
     metrics: dict[str, float | None] = {
         "train/loss": train_loss,
         "train/learning_rate": run.scheduler.get_last_lr()[0],
         "train/grad_norm": float(window.grad_norm),
-        "train/step_time_s": step_time,
-        "train/samples_per_sec": run.plan.effective_batch_size / step_time,
-        "train/tokens_per_sec": tok_s,
         "train/micro_batch_size": float(run.plan.micro_batch_size),
         "train/grad_accum_steps": float(run.plan.grad_accum_steps),
-        "train/mfu": _mfu(run, tok_s),
     }
-    metrics.update(_step_timing(meter, window.steps))
+    tok_s = _throughput(run, window, meter, metrics)
     if run.device.type == "cuda":
         metrics.update(cuda_memory_metrics(run.device))
     else:
@@ -508,8 +536,33 @@ def _log_window(run: Run, done: int, window: Window, meter, summary, bar) -> Non
     if run.observers.logger is not None:
         run.observers.logger.log(done, metrics)
     if bar is not None:
-        bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+        postfix = {"loss": f"{train_loss:.4f}"}
+        if tok_s is not None:
+            postfix["tok_s"] = f"{tok_s:,.0f}"
+        bar.set_postfix(postfix, refresh=False)
     window.reset()
+
+
+def _throughput(run: Run, window: Window, meter: Throughput, metrics: dict) -> float | None:
+    """The window's speed figures into `metrics`; tokens/s, or None for a window of profiled
+    steps only, which has nothing to count."""
+    tokens = int(global_sum(window.tokens, run.dist, run.device))  # all ranks' (a sync: here)
+    if window.steps == 0:
+        meter.skip_window()
+        return None
+    seconds = meter.close_window(tokens, run.device)
+    step_time = seconds / window.steps
+    tok_s = tokens / seconds
+    metrics.update(
+        {
+            "train/step_time_s": step_time,
+            "train/samples_per_sec": run.plan.effective_batch_size / step_time,
+            "train/tokens_per_sec": tok_s,
+            "train/mfu": _mfu(run, tok_s),
+        }
+    )
+    metrics.update(_step_timing(meter, window.steps))
+    return tok_s
 
 
 def _step_timing(meter: Throughput, steps: int) -> dict[str, float]:
@@ -532,6 +585,8 @@ def _mfu(run: Run, tokens_per_sec: float) -> float | None:
 def _eval_and_report(run: Run, step: int, summary: dict[str, Any]) -> dict[str, float]:
     started = time.perf_counter()
     values = evaluate_metrics(run, step)
+    if empties_cache_after_eval(run.cfg, run.device):
+        torch.cuda.empty_cache()
     # Short HPO trials are easily dominated by evaluation: what it cost is in the summary.
     summary["eval_time_s"] = summary.get("eval_time_s", 0.0) + time.perf_counter() - started
     summary["evaluations"] = summary.get("evaluations", 0) + 1
@@ -549,6 +604,12 @@ def _eval_and_report(run: Run, step: int, summary: dict[str, Any]) -> dict[str, 
         shown = ", ".join(f"{k} {v:.4f}" for k, v in reported.items() if not k.startswith("final"))
         raise Pruned(f"pruned at step {step} with validation {shown.replace('val_', '')}")
     return values
+
+
+def empties_cache_after_eval(cfg: DictConfig, device: torch.device) -> bool:
+    """training.empty_cache_after_eval on a CUDA device: the evaluation's cached blocks go back
+    to the driver (for another process on the card, or fragmentation after eval's own shapes)."""
+    return bool(cfg.empty_cache_after_eval) and device.type == "cuda"
 
 
 def _progress(run: Run):

@@ -23,6 +23,7 @@ from app.config import ConfigError, validate
 from app.context import RunContext
 from app.data.loader import StepDataset, make_step_loader, resolve_num_workers
 from app.distributed import DistInfo, init_distributed, shared_run_dir, shutdown, wrap_ddp
+from app.hardware.cuda_alloc import apply_expandable_segments
 from app.hardware.devices import detect_device, effective_preset
 from app.hardware.host_malloc import apply_host_malloc
 from app.hardware.precision import apply_precision_flags, resolve_precision
@@ -34,6 +35,7 @@ from app.outcomes import RunOutcome
 from app.preemption import stop_on_signals
 from app.tasks import Task, TaskData, build_task
 from app.telemetry import RunLogger, flops_per_token, mfu, write_json_atomic
+from app.tracking import build_sinks, tracked_config
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     validate(cfg)
     apply_host_malloc(cfg.training.host_malloc)  # before the data and model allocate
+    apply_expandable_segments(cfg.training.expandable_segments)  # before CUDA starts
     device = detect_device(cfg.gpu)
     dist = init_distributed(device.type)
     run_dir = shared_run_dir(run_dir, dist)
@@ -142,7 +145,7 @@ def build_run(
     if dist.is_main:  # last: a run refused above has written nothing
         run_dir.mkdir(parents=True, exist_ok=True)
         nvml = device.index if device.type == "cuda" else None
-        observers.logger = RunLogger(run_dir, nvml_index=nvml)
+        observers.logger = RunLogger(run_dir, nvml_index=nvml, sinks=build_sinks(cfg, run_dir))
     return run
 
 
@@ -268,6 +271,7 @@ def print_banner(summary, ctx: RunContext, run: Run) -> None:
     print("\n".join(lines), flush=True)
     logger = run.observers.logger
     if logger is not None:
+        logger.config(tracked_config(ctx.cfg), batch_fields(run.plan))
         logger.text("run/plan", "\n\n".join(lines))
         logger.log(run.start_step, plan_scalars(run.plan))
 
@@ -316,29 +320,36 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
         log.error("could not write %s/summary.json: %s", run_dir, exc)
 
 
+def summarize_run(run: Run, summary: dict[str, Any], dist: DistInfo) -> None:
+    summary.update(batch_fields(run.plan))
+    summary["peak_memory_bytes"] = peak_memory(run)
+    if run.device.type == "cuda" and summary.get("device_memory_bytes"):
+        summary["peak_memory_fraction"] = (
+            summary["peak_memory_bytes"] / summary["device_memory_bytes"]
+        )
+    summary["oom_count"] = run.plan.details.get("oom_count", 0)
+    facts = run.facts
+    if summary.get("tokens_per_sec") and facts.flops_per_token and facts.peak_tflops:
+        per_device = summary["tokens_per_sec"] / dist.world_size
+        summary["mfu"] = mfu(per_device, facts.flops_per_token, facts.peak_tflops)
+
+
 def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
     if summary["status"] == "not_started":
         shutdown(dist)
         return
-    if run is not None:
-        summary.update(batch_fields(run.plan))
-        summary["peak_memory_bytes"] = peak_memory(run)
-        if run.device.type == "cuda" and summary.get("device_memory_bytes"):
-            summary["peak_memory_fraction"] = (
-                summary["peak_memory_bytes"] / summary["device_memory_bytes"]
-            )
-        summary["oom_count"] = run.plan.details.get("oom_count", 0)
-        facts = run.facts
-        if summary.get("tokens_per_sec") and facts.flops_per_token and facts.peak_tflops:
-            per_device = summary["tokens_per_sec"] / dist.world_size
-            summary["mfu"] = mfu(per_device, facts.flops_per_token, facts.peak_tflops)
-        if run.observers.logger is not None:
-            run.observers.logger.close()
-    summary["wall_time_s"] = time.perf_counter() - started
-    if dist.is_main and summary.get("run_dir"):
-        write_summary(Path(summary["run_dir"]), summary)
+    try:
         if run is not None:
-            print(closing_line(summary), flush=True)
+            summarize_run(run, summary, dist)
+        summary["wall_time_s"] = time.perf_counter() - started
+        if dist.is_main and summary.get("run_dir"):
+            write_summary(Path(summary["run_dir"]), summary)
+            if run is not None:
+                print(closing_line(summary), flush=True)
+    finally:
+        if run is not None and run.observers.logger is not None:
+            # Every way a run ends passes here: the trackers' runs end with its status.
+            run.observers.logger.close(summary)
     reporter.set_attrs(
         {
             k: summary.get(k)

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from app.atomic import atomic_write_text
+from app.tracking.base import Sink
+from app.tracking.local import default_sinks
 
 log = logging.getLogger(__name__)
 
@@ -107,20 +109,26 @@ def _process_peak_rss() -> int:
 
 
 class RunLogger:
-    """One place that writes scalars: TensorBoard and metrics.jsonl, on the main rank only."""
+    """One place that writes scalars, on the main rank only; it fans them out to sinks
+    (app/tracking/): TensorBoard and metrics.jsonl, and W&B or MLflow when configured.
 
-    def __init__(self, run_dir: Path, enabled: bool = True, nvml_index: int | None = None) -> None:
+    A sink that fails (a full disk, a tracker's server gone) is dropped with one error line and
+    the run goes on: losing a log is better than losing the training.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool = True,
+        nvml_index: int | None = None,
+        sinks: list[Sink] | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.enabled = enabled
-        self._tb = None
-        self._jsonl = None
         self.nvml = NvmlSampler(nvml_index).start() if nvml_index is not None else None
+        self.sinks: list[Sink] = []
         if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-            # Kept open for the whole run, line-buffered, closed in close().
-            self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
+            self.sinks = sinks if sinks is not None else default_sinks(run_dir)
 
     def log(self, step: int, metrics: dict[str, float | None]) -> None:
         if not self.enabled:
@@ -128,24 +136,27 @@ class RunLogger:
         values = {k: float(v) for k, v in metrics.items() if v is not None}
         if self.nvml is not None:
             values.update(self.nvml.latest)
-        for key, value in values.items():
-            self._tb.add_scalar(key, value, step)
-        if self._jsonl is not None:
-            try:
-                self._jsonl.write(json.dumps({"step": step, **values}) + "\n")
-            except OSError as exc:  # a full disk: keep training, stop this log
-                log.error("metrics.jsonl is no longer written: %s", exc)
-                self._jsonl = None
+        self._each("scalars", step, values)
 
     def text(self, tag: str, text: str) -> None:
-        if self._tb is not None:
-            self._tb.add_text(tag, text, 0)
+        self._each("text", tag, text)
 
-    def close(self) -> None:
+    def config(self, config: dict[str, Any], plan: dict[str, Any]) -> None:
+        self._each("config", config, plan)
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
         if self.nvml is not None:
             self.nvml.stop()
-        if self._tb is not None:
-            self._tb.close()
-        if self._jsonl is not None:
-            with contextlib.suppress(OSError):
-                self._jsonl.close()
+        self._each("close", summary)
+        self.sinks = []
+
+    def _each(self, method: str, *args: Any) -> None:
+        for sink in list(self.sinks):
+            try:
+                getattr(sink, method)(*args)
+            except Exception as exc:
+                log.error("%s is no longer written: %s", sink.name, exc)
+                self.sinks.remove(sink)
+                if method != "close":
+                    with contextlib.suppress(Exception):
+                        sink.close(None)

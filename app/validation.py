@@ -123,6 +123,8 @@ BOUNDS: tuple[Bound, ...] = (
     count("training.checkpoint_every"),
     positive_int("training.keep_checkpoints"),
     count("training.seed"),
+    count("training.profiler.steps"),
+    count("training.profiler.start_step"),
     positive_int("training.auto_batch.max_micro_batch"),
     positive_int("training.auto_batch.max_probe_steps"),
     Bound("training.auto_batch.max_probe_seconds", low=0.0, low_open=True),

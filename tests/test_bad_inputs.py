@@ -106,6 +106,15 @@ CASES = [
     ("bf16-on-t4", ["gpu=t4", "precision=bf16"], "precision=bf16 is not supported by gpu=t4"),
     ("headroom", ["gpu.memory_headroom=1.5"], "gpu.memory_headroom=1.5"),
     ("fault-phase", ["faults.oom_phase=never"], "faults.oom_phase='never'"),
+    # profiler and trackers
+    (
+        "profile-after-end",
+        ["training.profiler.steps=2", "training.profiler.start_step=6"],
+        "training.profiler.start_step=6 is not a step of this run",
+    ),
+    ("profile-steps", ["training.profiler.steps=-1"], "training.profiler.steps=-1 must be"),
+    ("wandb-mode", ["tracking.wandb.mode=cloud"], "tracking.wandb.mode='cloud' is not allowed"),
+    ("alloc-conf", ["training.expandable_segments=maybe"], "training.expandable_segments"),
     # resume
     ("resume-missing", ["training.resume=/nonexistent/run"], "training.resume="),
     ("resume-shape", [RESUME, "model.n_embd=64"], "trained with model.n_embd=32"),

@@ -1,0 +1,67 @@
+"""A torch.profiler window over a few optimizer steps: `training.profiler.steps=N`.
+
+The trace lands in `<run dir>/tensorboard/profile/` as `rank<R>.<time>.pt.trace.json` (Chrome
+trace format: Perfetto and chrome://tracing open it; so does TensorBoard's profiler plugin,
+torch-tb-profiler, pointed at the run dir). Recording slows the steps it covers several-fold,
+so the loop keeps them out of the throughput figures (app/loop.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+TRACE_DIR = Path("tensorboard") / "profile"
+
+
+class StepProfiler:
+    """Records optimizer steps [start_step, start_step + steps) of this process."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, device: torch.device, rank: int = 0):
+        self.first = int(cfg.start_step)
+        self.end = self.first + int(cfg.steps) if cfg.steps else self.first
+        self.cfg = cfg
+        self.trace_dir = run_dir / TRACE_DIR
+        self.device = device
+        self.rank = rank
+        self._prof: Any = None
+
+    def covers(self, step: int) -> bool:
+        return self.first <= step < self.end
+
+    def before_step(self, step: int) -> None:
+        if step == self.first and self.covers(step):
+            self._prof = self._profile()
+            self._prof.start()
+
+    def after_step(self, step: int) -> None:
+        if self._prof is not None and step == self.end - 1:
+            self.close()
+
+    def close(self) -> None:
+        """Stop and write the trace (also when the run ends inside the window)."""
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            prof.stop()
+
+    def describe(self) -> dict[str, Any]:
+        return {"steps": [self.first, self.end], "trace_dir": str(self.trace_dir)}
+
+    def _profile(self) -> torch.profiler.profile:
+        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        return profile(
+            activities=activities,
+            record_shapes=self.cfg.record_shapes,
+            profile_memory=self.cfg.profile_memory,
+            with_stack=self.cfg.with_stack,
+            on_trace_ready=tensorboard_trace_handler(
+                str(self.trace_dir), worker_name=f"rank{self.rank}"
+            ),
+        )

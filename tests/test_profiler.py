@@ -1,0 +1,101 @@
+"""training.profiler: a torch.profiler window that writes a trace, kept out of the throughput."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import app.loop as loop
+from app.config import ConfigError, validate
+from app.runner import run_training
+from tests.conftest import TINY, compose, tiny
+
+SLOW = 1.0  # seconds each profiled step is made to take: far more than a tiny step
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """Steps 2 and 3 (0-based) profiled and made slow; logs every 3 steps, so each log window
+    holds one profiled step and two counted ones."""
+    tmp = tmp_path_factory.mktemp("profiled")
+    meters: list[loop.Throughput] = []
+    real_step, real_meter = loop.step_with_recovery, loop.Throughput
+
+    def slow_when_profiled(run, batch, step):
+        if 2 <= step < 4:
+            time.sleep(SLOW)
+        return real_step(run, batch, step)
+
+    def recording_meter(*args, **kwargs):
+        meters.append(real_meter(*args, **kwargs))
+        return meters[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop, "step_with_recovery", slow_when_profiled)
+        mp.setattr(loop, "Throughput", recording_meter)
+        overrides = tiny(
+            tmp,
+            "training.profiler.steps=2",
+            "training.profiler.start_step=2",
+            "training.log_every=3",
+        )
+        summary = run_training(compose(overrides), tmp / "run")
+    assert summary["status"] == "completed"
+    return tmp / "run", summary, meters[0]
+
+
+def test_the_window_writes_a_trace_that_holds_the_steps(profiled):
+    run_dir, summary, _ = profiled
+    (trace,) = (run_dir / "tensorboard" / "profile").glob("rank0.*.pt.trace.json")
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name", "").startswith("aten::") for e in events)
+    assert summary["profile"]["steps"] == [2, 4]
+
+
+def test_profiled_steps_are_kept_out_of_the_throughput(profiled):
+    _, summary, meter = profiled
+    tokens_per_step = 8 * 32  # effective batch x seq_len
+    # Windows: steps 0-2 and 3-5, each with one profiled step: two counted steps' tokens each.
+    assert [tokens for tokens, _ in meter.windows] == [2 * tokens_per_step] * 2
+    assert all(seconds < SLOW for _, seconds in meter.windows)
+    # The steady figure is the second window's: two unprofiled tiny steps, far under SLOW.
+    assert summary["tokens_per_sec"] > 2 * tokens_per_step / SLOW
+
+
+def test_the_logged_step_time_excludes_profiled_steps(profiled):
+    run_dir, _, _ = profiled
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = [x for x in lines if "train/loss" in x]
+    assert [x["step"] for x in logged] == [3, 6]
+    assert all(x["train/step_time_s"] < SLOW / 2 for x in logged)
+
+
+def test_a_window_of_profiled_steps_only_logs_its_loss_and_no_speed(tmp_path):
+    overrides = tiny(tmp_path, "training.profiler.steps=1", "training.profiler.start_step=2")
+    summary = run_training(compose(overrides), tmp_path / "run")
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    by_step = {x["step"]: x for x in lines if "train/loss" in x}
+    assert "train/tokens_per_sec" not in by_step[3]  # step 3 is the profiled step (index 2)
+    assert all("train/tokens_per_sec" in by_step[s] for s in (1, 2, 4, 5, 6))
+    assert summary["tokens_per_sec"] > 0
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("training.profiler.steps=-1", "training.profiler.steps=-1 must be an integer >= 0"),
+        (
+            "training.profiler.start_step=-2",
+            "training.profiler.start_step=-2 must be an integer >= 0",
+        ),
+        (
+            "training.profiler.start_step=6",
+            r"training.profiler.start_step=6 is not a step of this run \(training.max_steps=6\)",
+        ),
+    ],
+)
+def test_profiler_settings_are_validated(override, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose([*TINY, "training.profiler.steps=2", override]))
