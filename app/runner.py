@@ -248,6 +248,7 @@ def batch_fields(plan: BatchPlan) -> dict[str, Any]:
         "micro_batch_sizes": plan.micro_sizes,
         "grad_accum_steps": plan.grad_accum_steps,
         "effective_batch_size": plan.effective_batch_size,
+        "eval_micro_batch_size": plan.eval_micro,
         "batch_source": plan.source,
         "batch_details": plan.details,
     }

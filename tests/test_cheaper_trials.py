@@ -44,7 +44,7 @@ def test_auto_evaluates_at_four_times_the_micro_batch_with_the_same_loss(
     eval_sizes.clear()
     auto = ["training.eval_micro_batch_size=auto"]
     larger = run_training(tiny_cfg(cache_dir, *four, *auto), tmp_path / "auto")
-    assert {size for size, _ in eval_sizes} == {16}
+    assert {size for size, _ in eval_sizes} == {16} and larger["eval_micro_batch_size"] == 16
     assert all(inference for _, inference in eval_sizes)  # no autograd bookkeeping at all
     # The same validation tokens summed in larger chunks: the same loss.
     assert larger["final_val_loss"] == pytest.approx(same["final_val_loss"], rel=1e-6)
