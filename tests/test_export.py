@@ -42,6 +42,7 @@ print(json.dumps({
     "new": out[0, inputs["input_ids"].shape[1]:].tolist(),
     "text": tok.decode(out[0], skip_special_tokens=True),
     "eos": tok.eos_token_id,
+    "generation": [model.generation_config.eos_token_id, model.generation_config.pad_token_id],
     "app_imported": any(m == "app" or m.startswith("app.") for m in sys.modules),
 }))
 """
@@ -56,7 +57,11 @@ tok = AutoTokenizer.from_pretrained(sys.argv[1])
 batch = tok(["a man is sleeping"], ["a person rests"], return_tensors="pt", padding=True)
 with torch.no_grad():
     logits = model(**batch).logits
-print(json.dumps({"id2label": model.config.id2label, "shape": list(logits.shape)}))
+print(json.dumps({
+    "id2label": model.config.id2label,
+    "shape": list(logits.shape),
+    "ids": batch["input_ids"][0].tolist(),
+}))
 """
 
 
@@ -73,7 +78,7 @@ def transformers_only(script: str, *args: str, cwd: Path) -> dict:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "pad_token_id" not in proc.stderr, proc.stderr  # generate() had what it needs
+    assert "pad" not in proc.stderr, proc.stderr  # generate() had what it needs, no warning
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -111,6 +116,7 @@ def test_a_run_leaves_a_model_that_transformers_alone_loads_and_generates_with(f
     assert not got["app_imported"]
     assert got["ids"] == list(b"The cat")  # the byte tokenizer's ids: byte values
     assert got["eos"] == 0  # the end-of-document token the model was trained with
+    assert got["generation"] == [0, 0]  # generate() stops at it and pads with it
     assert len(got["new"]) > 0 and got["text"].startswith("The cat")
 
     # The weights are the final checkpoint's (tied embeddings are stored once).
@@ -265,9 +271,15 @@ def test_a_wrapped_model_exports_its_plain_weights(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_classifier_export_loads_with_auto_model_for_sequence_classification(tmp_path):
+    from app.tasks import build_task
     from tests.test_classification import nli
 
-    summary = run_training(compose(nli(tmp_path)), tmp_path / "run")
+    cfg = compose(nli(tmp_path))
+    summary = run_training(cfg, tmp_path / "run")
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(summary["export_dir"]))
     got = transformers_only(LOAD_CLASSIFIER, summary["export_dir"], cwd=tmp_path)
     assert got["id2label"] == {"0": "entailment", "1": "neutral", "2": "contradiction"}
     assert got["shape"] == [1, 3]
+    # The pair is encoded as in training: the run's BPE, [CLS] a [SEP] b [SEP].
+    trained_with = build_task(cfg.task).export_tokenizer(cfg.data)
+    assert got["ids"] == trained_with("a man is sleeping", "a person rests")["input_ids"]

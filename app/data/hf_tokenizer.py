@@ -26,11 +26,12 @@ def byte_tokenizer() -> Any:
 
 def causal_lm_tokenizer(tok: Any, eos: str) -> Any:
     """A tokenizers.Tokenizer as a transformers one whose end-of-document token also pads:
-    batched generate() needs a pad token, and a causal LM never attends to padding."""
+    batched generate() needs a pad token, and a causal LM never attends to padding. Padding
+    goes on the left, where generate() wants it for a decoder-only model."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=eos, eos_token=eos, pad_token=eos
+        tokenizer_object=tok, bos_token=eos, eos_token=eos, pad_token=eos, padding_side="left"
     )
 
 
