@@ -210,7 +210,12 @@ def run_config(checkpoint: Path, state: dict[str, Any]) -> Any:
         group: {k: v for k, v in (saved.get(group) or {}).items() if k in schema[group]}
         for group in schema
     }
-    cfg = OmegaConf.merge(schema, known)
+    try:
+        cfg = OmegaConf.merge(schema, known)
+    except Exception as exc:  # a value of another type than the schema's today
+        raise ExportError(
+            f"{checkpoint}: its recorded config does not fit ({_first(exc)})"
+        ) from None
     cfg.model.gradient_checkpointing = False  # a training setting: nothing to export
     return cfg
 
