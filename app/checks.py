@@ -97,6 +97,90 @@ def check_vocab(cfg: DictConfig) -> None:
             )
 
 
+# ---------------------------------------------------------------------------------------------
+# A local pretrained checkpoint
+
+
+def check_pretrained(cfg: DictConfig) -> None:
+    """model=pretrained from a local directory: its positions must cover the sequence length
+    and its embeddings every id the tokenizer makes (a hub name is checked when it loads)."""
+    from app.pretrained import local_dir, model_config
+
+    model_dir = local_dir(cfg.model.path) if cfg.model.arch == "pretrained" else None
+    if model_dir is None:
+        return
+    config = model_config(model_dir)
+    check_positions(cfg, config)
+    if _same_dir(cfg.data.tokenizer, model_dir):
+        check_own_tokenizer(cfg, model_dir)
+    vocab = tokenizer_vocab(cfg)
+    if vocab is not None and vocab > config.vocab_size:
+        raise ConfigError(
+            f"data.tokenizer={cfg.data.tokenizer} makes {vocab} token ids but model.path="
+            f"{cfg.model.path} has embeddings for {config.vocab_size}; use the model's own "
+            f"tokenizer (data.tokenizer={cfg.model.path})"
+        )
+
+
+def check_positions(cfg: DictConfig, config: Any) -> None:
+    from app.pretrained import position_limit
+
+    key = sequence_key(cfg.task.name)
+    limit = position_limit(config)
+    if limit is not None and cfg.data[key] > limit:
+        raise ConfigError(
+            f"data.{key}={cfg.data[key]} exceeds the {limit} positions of model.path="
+            f"{cfg.model.path} (its max_position_embeddings); use data.{key}<={limit}"
+        )
+
+
+def check_own_tokenizer(cfg: DictConfig, model_dir: Path) -> None:
+    from app.pretrained import TOKENIZER_FILES, has_tokenizer
+
+    if not has_tokenizer(model_dir):
+        raise ConfigError(
+            f"data.tokenizer={cfg.data.tokenizer} (the model's own, the default for "
+            f"model=pretrained): model.path has no tokenizer ({', '.join(TOKENIZER_FILES)}); "
+            "set data.tokenizer to the tokenizer it was trained with, or byte or train"
+        )
+
+
+def tokenizer_vocab(cfg: DictConfig) -> int | None:
+    """How many ids the tokenizer makes, where that is cheap to know (None: a hub name)."""
+    from app.pretrained import local_dir, tokenizer_size
+
+    name = cfg.data.tokenizer
+    if name == "byte":  # classification adds [PAD], [CLS] and [SEP] (app/data/labelled.py)
+        return 256 if cfg.task.name == "causal_lm" else 259
+    if name == "train":
+        return cfg.data.tokenizer_vocab_size
+    directory = local_dir(name)
+    return None if directory is None else tokenizer_size(directory)
+
+
+def tokenizer_warning(cfg: DictConfig) -> str | None:
+    """A tokenizer other than the pretrained model's own: allowed (set on purpose, since the
+    default is the model's own), but the ids no longer mean what the model learned."""
+    from app.pretrained import has_tokenizer, local_dir
+
+    model_dir = local_dir(cfg.model.path) if cfg.model.arch == "pretrained" else None
+    if model_dir is None or not has_tokenizer(model_dir):
+        return None
+    if _same_dir(cfg.data.tokenizer, model_dir):
+        return None
+    return (
+        f"data.tokenizer={cfg.data.tokenizer} is not the tokenizer of model.path="
+        f"{cfg.model.path}: its ids mean other text than the model learned"
+    )
+
+
+def _same_dir(name: str | None, directory: Path) -> bool:
+    from app.pretrained import local_dir
+
+    other = local_dir(name)
+    return other is not None and other.resolve() == directory.resolve()
+
+
 def check_precision(cfg: DictConfig, device_type: str) -> None:
     """What a CPU cannot do; a card's abilities are checked once it is detected."""
     if device_type == "cpu" and cfg.precision.name in ("fp16", "tf32"):
@@ -269,6 +353,7 @@ def check_start(cfg: DictConfig, run_dir: Path, device_type: str, device_total: 
     check_precision(cfg, device_type)
     check_local_paths(cfg)
     check_vocab(cfg)
+    check_pretrained(cfg)
     if cfg.data.source == "text_files":
         from app.data.sources import expand_paths
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from app.hpo_config import HpoConfig
 from app.validation import ConfigError, check_bounds, check_known_keys
@@ -84,7 +84,9 @@ class DataConfig:
     # | datasets (files or a dataset through the `datasets` library: app/data/sources.py)
     source: str = "builtin"
     paths: list[str] = field(default_factory=list)  # files or globs (text_files, datasets)
-    tokenizer: str = "byte"  # byte | train | <local path or hub name>
+    # byte | train | <local path or hub name>. The data groups default to the model's own
+    # tokenizer for model=pretrained, else byte or train (see model_tokenizer below).
+    tokenizer: str = "${model_tokenizer:byte}"
     tokenizer_vocab_size: int = 2048  # for tokenizer=train
     seq_len: int = 128  # causal LM: block size, tokens per packed sequence
     val_fraction: float = 0.05
@@ -176,6 +178,9 @@ class TrainingConfig:
     # blocks back to the driver, at the cost of allocating them again in the next steps.
     empty_cache_after_eval: bool = False
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    # Write <run dir>/model (Hugging Face format: config, safetensors, tokenizer) when the run
+    # completes; `python -m app.export` writes it from any checkpoint too.
+    export: bool = True
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
 
 
@@ -248,6 +253,19 @@ class TrainConfig:
     hpo: HpoConfig | None = None  # set by hpo=optuna; read by the sweeper and the trial reporter
     # summary.json key main() returns, or a list of keys for multi-objective studies
     objective: Any = "final_val_loss"
+
+
+def model_tokenizer(fallback: str, *, _root_: DictConfig) -> str | None:
+    """`data.tokenizer: ${model_tokenizer:byte}`: a pretrained model's own tokenizer (its
+    model.path), else `fallback` for a model trained from scratch. Without it the default data
+    would feed byte ids to a BPE model; a tokenizer set explicitly still wins."""
+    if OmegaConf.select(_root_, "model.arch", default=None) == "pretrained":
+        return OmegaConf.select(_root_, "model.path", default=None)
+    return fallback
+
+
+if not OmegaConf.has_resolver("model_tokenizer"):
+    OmegaConf.register_new_resolver("model_tokenizer", model_tokenizer)
 
 
 def register_configs() -> None:

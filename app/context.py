@@ -7,7 +7,7 @@ config slices stay plain settings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
@@ -25,3 +25,4 @@ class RunContext:
     precision: PrecisionPlan
     dist: DistInfo
     task: Task
+    warnings: list[str] = field(default_factory=list)  # the banner's and summary.json's

@@ -18,11 +18,12 @@ from app.batch.faults import FaultInjector
 from app.batch.plan import BatchPlan, fixed_plan
 from app.batch.probe import EVAL_FACTOR, auto_plan, oom_listener, plan_scalars
 from app.batch.probe import describe as describe_choice
-from app.checks import AlreadyComplete, check_start
+from app.checks import AlreadyComplete, check_start, tokenizer_warning
 from app.config import ConfigError, validate
 from app.context import RunContext
 from app.data.loader import StepDataset, make_step_loader, resolve_num_workers
 from app.distributed import DistInfo, init_distributed, shared_run_dir, shutdown, wrap_ddp
+from app.export import export_run
 from app.hardware.cuda_alloc import apply_expandable_segments
 from app.hardware.devices import detect_device, effective_preset
 from app.hardware.host_malloc import apply_host_malloc
@@ -59,6 +60,7 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     preset = effective_preset(cfg.gpu, device)
     precision = resolve_precision(cfg.precision.name, device, preset)
     ctx = RunContext(cfg, device, preset, precision, dist, build_task(cfg.get("task")))
+    ctx.warnings = [*device.warnings, *filter(None, [tokenizer_warning(cfg)])]
     state = ckpt.load_checkpoint(resume_from) if resume_from else None  # fail before work
     apply_precision_flags(precision)
     if device.type == "cuda":
@@ -75,6 +77,10 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             summary.update(describe_run(run, ctx))
             print_banner(summary, ctx, run)
             train(run, summary)
+            if cfg.training.export and dist.is_main:
+                summary["export_dir"] = str(
+                    export_run(run.raw_model, ctx.task, cfg.data, run_dir)  # plain weights
+                )
         summary["status"] = "completed"
     except ConfigError:
         summary["status"] = "not_started"  # a setting: nothing ran, nothing is written
@@ -237,7 +243,7 @@ def describe_run(run: Run, ctx: RunContext) -> dict[str, Any]:
         "flops_per_token": run.facts.flops_per_token,
         "peak_tflops": run.facts.peak_tflops,
         "resumed_from_step": run.start_step,
-        "warnings": device.warnings,
+        "warnings": ctx.warnings,
         **ctx.task.summary_fields(),
     }
 
@@ -268,7 +274,7 @@ def print_banner(summary, ctx: RunContext, run: Run) -> None:
         eval_line(run),
         f"steps      {run.start_step} -> {run.cfg.max_steps}; run dir {run.run_dir}",
     ]
-    lines += [f"warning    {w}" for w in device.warnings]
+    lines += [f"warning    {w}" for w in ctx.warnings]
     print("\n".join(lines), flush=True)
     logger = run.observers.logger
     if logger is not None:

@@ -92,6 +92,40 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.Comp
     )
 
 
+def save_tiny_gpt2(directory: Path, positions: int = 64, tokenizer: bool = True) -> Path:
+    """A small local "pretrained" causal LM: a byte-level BPE of ~300 tokens trained on a few
+    sentences (its ids are not bytes) and a GPT-2 of that vocabulary, as save_pretrained
+    leaves them. Without `tokenizer` only the model is saved."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(["the cat sat on the mat", "a dog and the cat"] * 20, trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=positions,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    GPT2LMHeadModel(config).save_pretrained(directory)
+    if tokenizer:
+        tok.save_pretrained(directory)
+    return directory
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

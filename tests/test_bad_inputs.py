@@ -20,7 +20,7 @@ import optuna
 import pytest
 import torch
 
-from tests.conftest import TINY, run_cli
+from tests.conftest import TINY, run_cli, save_tiny_gpt2
 
 RESUME = "training.resume=auto"
 # (id, overrides, text the error line must hold). {tmp} is the test's scratch directory.
@@ -51,6 +51,7 @@ CASES = [
     ("keep-zero", ["training.keep_checkpoints=0"], "training.keep_checkpoints=0"),
     ("schedule", ["training.schedule=exponential"], "training.schedule='exponential'"),
     ("malloc", ["training.host_malloc=jemalloc"], "training.host_malloc='jemalloc'"),
+    ("export-word", ["training.export=maybe"], "training.export:"),
     ("plus-unknown", ["+training.some_unknown_key=1"], "training.some_unknown_key: no such"),
     ("plus-unknown-root", ["+learning_rate=1"], "learning_rate: no such setting"),
     ("typo", ["training.lr_typo=1"], "training.lr_typo: no such setting in training"),
@@ -69,6 +70,21 @@ CASES = [
     ("vocab-small", ["model.vocab_size=100"], "model.vocab_size=100 is smaller"),
     ("positions", ["model.max_position_embeddings=16"], "exceeds model.max_position_embed"),
     ("pretrained-missing", ["model=pretrained", "model.path=/nonexistent/model"], "model.path="),
+    (
+        "pretrained-positions",
+        ["model=pretrained", "model.path={tmp}/gpt2", "data.seq_len=128"],
+        "data.seq_len=128 exceeds the 64 positions of model.path=",
+    ),
+    (
+        "pretrained-vocab",
+        ["model=pretrained", "model.path={tmp}/gpt2", "data.tokenizer=train"],
+        "data.tokenizer=train makes 2048 token ids but model.path=",
+    ),
+    (
+        "pretrained-no-tokenizer",
+        ["model=pretrained", "model.path={tmp}/weights-only"],
+        "model.path has no tokenizer",
+    ),
     # data
     ("seq-len-zero", ["data.seq_len=0"], "data.seq_len=0"),
     ("val-fraction", ["data.val_fraction=0.9"], "data.val_fraction=0.9"),
@@ -160,8 +176,17 @@ def saved_datasets(tmp_path_factory) -> Path:
     return base
 
 
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    """Local "pretrained" checkpoints: a GPT-2 of 64 positions with its BPE, and one without."""
+    base = tmp_path_factory.mktemp("pretrained")
+    save_tiny_gpt2(base / "gpt2")
+    save_tiny_gpt2(base / "weights-only", tokenizer=False)
+    return base
+
+
 @pytest.fixture
-def scratch(tmp_path, finished_run, saved_datasets) -> Path:
+def scratch(tmp_path, finished_run, saved_datasets, pretrained) -> Path:
     shutil.copytree(finished_run / "run", tmp_path / "run")
     for name in ("saved", "saved_empty"):
         shutil.copytree(saved_datasets / name, tmp_path / name)
@@ -170,6 +195,8 @@ def scratch(tmp_path, finished_run, saved_datasets) -> Path:
     )
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "rows.xml").write_text("<rows><row>text</row></rows>\n")
+    for name in ("gpt2", "weights-only"):
+        (tmp_path / name).symlink_to(pretrained / name)
     (tmp_path / "data.bin").write_bytes(bytes(range(256)) * 64)
     (tmp_path / "latin1.txt").write_bytes("caf\xe9 cr\xe8me br\xfbl\xe9e\n".encode("latin-1") * 9)
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")

@@ -57,6 +57,13 @@ def test_two_ranks_match_one_process(tmp_path):
     ]
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
+    # Rank 0 exported the plain model (no DDP `module.` names), once, nothing left beside it.
+    from safetensors.torch import load_file
+
+    exported = load_file(tmp_path / "ddp" / "model" / "model.safetensors")
+    for name, tensor in exported.items():
+        torch.testing.assert_close(tensor, b[name], rtol=0, atol=0, msg=name)
+    assert not list((tmp_path / "ddp").glob(".model.*"))
 
 
 def test_each_rank_evaluates_its_share_and_the_sums_make_the_whole(monkeypatch):

@@ -43,8 +43,9 @@ def test_local_pretrained_checkpoint_by_path(tmp_path):
             eos_token_id=0,
         )
     )
-    source.save_pretrained(tmp_path / "ckpt")
-    cfg = compose(tiny(tmp_path, "model=pretrained", f"model.path={tmp_path / 'ckpt'}"))
+    source.save_pretrained(tmp_path / "ckpt")  # weights only: the byte tokenizer is chosen
+    model_path = f"model.path={tmp_path / 'ckpt'}"
+    cfg = compose(tiny(tmp_path, "model=pretrained", model_path, "data.tokenizer=byte"))
     model = build_model(cfg.model, vocab_size=256)
     torch.testing.assert_close(model.lm_head.weight, source.lm_head.weight)
     assert model.config._attn_implementation == "sdpa"

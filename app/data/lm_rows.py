@@ -25,7 +25,7 @@ BATCH_ROWS = 1000
 
 def row_token_streams(cfg: DictConfig) -> TokenStreams:
     train, val = text_splits(cfg)
-    tok = load_tokenizer(cfg, _text_batches(train, cfg.text_column))
+    tok = load_tokenizer(cfg, text_batches(train, cfg.text_column))
     return TokenStreams(
         train=encode_rows(train, cfg.text_column, tok, cfg.map_num_proc),
         val=encode_rows(val, cfg.text_column, tok, cfg.map_num_proc),
@@ -83,7 +83,7 @@ def encode_rows(rows: Any, column: str, tok: TextTokenizer, num_proc: Any) -> to
     return torch.tensor(ids.to_numpy(zero_copy_only=False), dtype=torch.int64)  # a writable copy
 
 
-def _text_batches(rows: Any, column: str) -> Iterator[list[str]]:
+def text_batches(rows: Any, column: str) -> Iterator[list[str]]:
     for batch in rows.iter(batch_size=BATCH_ROWS):
         yield [_text(t) for t in batch[column]]
 

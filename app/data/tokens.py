@@ -212,19 +212,12 @@ def _byte_tokenizer() -> TextTokenizer:
 def _trained_bpe(
     cfg: DictConfig, train_docs: Iterable[str] | Iterable[list[str]], files: list[str]
 ) -> TextTokenizer:
-    from tokenizers import Tokenizer
-
     if cfg.tokenizer_vocab_size < 257:
         raise ConfigError(
             f"data.tokenizer_vocab_size={cfg.tokenizer_vocab_size} must be >= 257 "
             "(256 byte symbols + the end-of-document token)"
         )
-    path = Path(cfg.cache_dir) / f"bpe-{_bpe_cache_key(cfg, files)}.json"
-    if path.is_file():
-        tok = Tokenizer.from_file(str(path))
-    else:
-        tok = _train_bpe(train_docs, cfg.tokenizer_vocab_size)
-        atomic_write_text(path, tok.to_str())
+    tok = bpe_tokenizer(cfg, train_docs, files)
     return TextTokenizer(
         name=f"trained-bpe:{cfg.tokenizer_vocab_size}",
         vocab_size=tok.get_vocab_size(),
@@ -235,6 +228,20 @@ def _trained_bpe(
         ],
         decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
     )
+
+
+def bpe_tokenizer(
+    cfg: DictConfig, train_docs: Iterable[str] | Iterable[list[str]], files: list[str]
+) -> Any:
+    """The BPE trained on this data's train split: from the cache, else trained and cached."""
+    from tokenizers import Tokenizer
+
+    path = _bpe_path(cfg, files)
+    if path.is_file():
+        return Tokenizer.from_file(str(path))
+    tok = _train_bpe(train_docs, cfg.tokenizer_vocab_size)
+    atomic_write_text(path, tok.to_str())
+    return tok
 
 
 def _train_bpe(texts: Iterable[str] | Iterable[list[str]], vocab_size: int) -> Any:
@@ -254,6 +261,37 @@ def _train_bpe(texts: Iterable[str] | Iterable[list[str]], vocab_size: int) -> A
     length = len(texts) if isinstance(texts, list) else None
     tok.train_from_iterator(texts, trainer=trainer, length=length)
     return tok
+
+
+def _bpe_path(cfg: DictConfig, files: list[str]) -> Path:
+    return Path(cfg.cache_dir) / f"bpe-{_bpe_cache_key(cfg, files)}.json"
+
+
+def transformers_tokenizer(cfg: DataConfig | DictConfig) -> Any | None:
+    """This data's tokenizer as a transformers tokenizer (what an export saves); None for
+    synthetic ids of a BPE that has no text to be trained on."""
+    from app.data.hf_tokenizer import byte_tokenizer, causal_lm_tokenizer
+
+    cfg = _as_dictconfig(cfg)
+    if cfg.tokenizer == "byte":
+        return byte_tokenizer()
+    if cfg.tokenizer != "train":
+        return load_hf_tokenizer(cfg.tokenizer)
+    if cfg.source == "synthetic":
+        return None
+    files = expand_paths(list(cfg.paths)) if cfg.source == "text_files" else []
+    docs: Iterable[str] | Iterable[list[str]] = []
+    if not _bpe_path(cfg, files).is_file():  # trained again on the same split: the same BPE
+        docs = _bpe_training_text(cfg, files)
+    return causal_lm_tokenizer(bpe_tokenizer(cfg, docs, files), BPE_EOS)
+
+
+def _bpe_training_text(cfg: DictConfig, files: list[str]) -> Iterable[str] | Iterable[list[str]]:
+    if cfg.source == "datasets":
+        from app.data.lm_rows import text_batches, text_splits
+
+        return text_batches(text_splits(cfg)[0], cfg.text_column)
+    return split_documents(_read_documents(cfg, files), cfg.val_fraction, cfg.seed, cfg.seq_len)[0]
 
 
 def load_hf_tokenizer(name: str) -> Any:

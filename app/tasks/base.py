@@ -47,6 +47,15 @@ class Task(Protocol):
 
     def load_data(self, data_cfg: DictConfig) -> TaskData: ...
 
+    def model_data(self, data_cfg: DictConfig) -> TaskData:
+        """What building the model needs (vocabulary, labels, padding id), without tokenizing
+        the samples where the task can: app.export rebuilds a checkpoint's model from it."""
+        ...
+
+    def export_tokenizer(self, data_cfg: DictConfig) -> Any | None:
+        """This data's transformers tokenizer, saved beside the model by the export."""
+        ...
+
     def sequence_length(self, data_cfg: DictConfig) -> int:
         """The longest sequence the model sees: memory and FLOPs per sample follow from it."""
         ...

@@ -45,6 +45,18 @@ class CausalLM:
             pad_id=data.pad_id,
         )
 
+    def model_data(self, data_cfg: DictConfig) -> TaskData:
+        tok = self.export_tokenizer(data_cfg)
+        # Synthetic ids without a tokenizer: the configured size is the vocabulary.
+        vocab = data_cfg.tokenizer_vocab_size if tok is None else len(tok)
+        empty = torch.empty(0, data_cfg.seq_len + 1, dtype=torch.int64)
+        return TaskData(empty, empty, vocab, str(data_cfg.tokenizer), info={"tokenizer": tok})
+
+    def export_tokenizer(self, data_cfg: DictConfig) -> Any | None:
+        from app.data.tokens import transformers_tokenizer
+
+        return transformers_tokenizer(data_cfg)
+
     def sequence_length(self, data_cfg: DictConfig) -> int:
         return data_cfg.seq_len
 

@@ -29,6 +29,7 @@ class SequenceClassification:
         self.label_smoothing = float(cfg.label_smoothing) if cfg is not None else 0.0
         self.given_labels = list(cfg.labels) if cfg is not None and cfg.labels else None
         self.label_names: list[str] = []  # known once the data is loaded
+        self.tokenizer: Any = None  # likewise
 
     # -- data and model ---------------------------------------------------------------------
 
@@ -37,7 +38,7 @@ class SequenceClassification:
 
         key = data_key(self.name, data_cfg, self.given_labels)
         data = remembered(key, lambda: self._load(data_cfg))
-        self.label_names = list(data.info["labels"])
+        self.label_names, self.tokenizer = list(data.info["labels"]), data.info["tokenizer"]
         return data
 
     def _load(self, data_cfg: DictConfig) -> TaskData:
@@ -53,6 +54,14 @@ class SequenceClassification:
             train_lengths=data.train.lengths,
             info={"labels": data.label_names, "tokenizer": data.tokenizer},
         )
+
+    def model_data(self, data_cfg: DictConfig) -> TaskData:
+        return self.load_data(data_cfg)  # the labels come from the data (cached by content)
+
+    def export_tokenizer(self, data_cfg: DictConfig) -> Any:
+        if self.tokenizer is None:
+            self.load_data(data_cfg)
+        return self.tokenizer
 
     def sequence_length(self, data_cfg: DictConfig) -> int:
         return data_cfg.max_length

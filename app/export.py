@@ -1,0 +1,286 @@
+"""The result users load: a model directory in Hugging Face format.
+
+`config.json`, `model.safetensors`, the tokenizer the run trained or loaded, and for a language
+model `generation_config.json`: `AutoModelForCausalLM` (or `...ForSequenceClassification`) and
+`AutoTokenizer` load it with no code of this project. A completed run writes it to
+`<run dir>/model` (`training.export`); `python -m app.export` writes it from any checkpoint.
+
+The directory is written beside its target under a temporary name and renamed into place, so an
+export is complete or absent, and one it replaces stays whole until the new one is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import secrets
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+EXPORT_DIR = "model"
+
+
+def write_export(model: Any, tokenizer: Any | None, out: Path) -> Path:
+    """Write `model` (unwrapped: no DDP, no torch.compile) and `tokenizer` to `out`."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
+    tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
+    tmp.mkdir()  # not mkdtemp: its 0700 would outlive the rename
+    try:
+        save_files(model, tokenizer, tmp)
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def save_files(model: Any, tokenizer: Any | None, directory: Path) -> None:
+    from app.pretrained import position_limit
+
+    generates = model.can_generate()
+    with _quiet(), _use_cache(model, generates):
+        model.save_pretrained(directory, safe_serialization=True)
+    if tokenizer is not None:
+        limit = position_limit(model.config)
+        if limit is not None:  # inputs longer than the positions are refused with a warning
+            tokenizer.model_max_length = limit
+        tokenizer.save_pretrained(directory)
+    if generates:
+        generation_config(model, tokenizer).save_pretrained(directory)
+
+
+def generation_config(model: Any, tokenizer: Any | None) -> Any:
+    """Stop at the end-of-document token the model was trained with, and pad with it: without
+    a pad id generate() warns, and batched generation has nothing to pad with. A fresh config,
+    not one derived from the model's, which older transformers would re-derive and drop."""
+    from transformers import GenerationConfig
+
+    def token(name: str) -> int | None:
+        found = getattr(tokenizer, f"{name}_token_id", None)
+        return getattr(model.config, f"{name}_token_id", None) if found is None else found
+
+    eos, pad = token("eos"), token("pad")
+    return GenerationConfig(
+        bos_token_id=token("bos"), eos_token_id=eos, pad_token_id=eos if pad is None else pad
+    )
+
+
+@contextlib.contextmanager
+def _use_cache(model: Any, on: bool) -> Iterator[None]:
+    """Training turns the KV cache off (it only costs memory there); generation wants it."""
+    before = getattr(model.config, "use_cache", None)
+    if on:
+        model.config.use_cache = True
+    try:
+        yield
+    finally:
+        if on:
+            model.config.use_cache = before
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """No progress bar in a run's log for writing one shard."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def _replace(new: Path, out: Path) -> None:
+    # Two renames: the old export moves aside, the new one takes its name. A kill in between
+    # leaves no export and both temporaries, which the next export removes.
+    old = None
+    if out.exists() or out.is_symlink():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}.tmp")
+        os.replace(out, old)
+    os.replace(new, out)
+    _fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+def remove_stale_temporaries(out: Path) -> None:
+    """Temporaries of an export a kill interrupted."""
+    for tmp in out.parent.glob(f".{out.name}.*.tmp"):
+        shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def export_run(model: Any, task: Any, data_cfg: Any, run_dir: Path) -> Path:
+    """The end of a completed run: <run dir>/model. A failed write ends the run in one line."""
+    from app.outcomes import WriteFailed
+
+    out = run_dir / EXPORT_DIR
+    try:
+        return write_export(model, task.export_tokenizer(data_cfg), out)
+    except (OSError, RuntimeError) as exc:  # torch/safetensors report a full disk variously
+        raise WriteFailed(
+            f"could not write the export {out} ({_first(exc)}); the checkpoints are intact: "
+            f"python -m app.export {run_dir} writes it again"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# From a checkpoint: python -m app.export <run dir | checkpoints/ | step_*.pt> [--out DIR]
+
+
+class ExportError(Exception):
+    """A bad argument or a checkpoint that cannot be exported: one line, exit status 2."""
+
+
+def export_checkpoint(source: Path, out: Path | None = None) -> tuple[Path, Path, int]:
+    """Rebuild the model a checkpoint holds from the config it records and export it;
+    returns (the export, the checkpoint, its step)."""
+    checkpoint = find_checkpoint(source)
+    state = load_state(checkpoint)
+    cfg = run_config(checkpoint, state)
+    model, tokenizer = rebuild(cfg, checkpoint, state["model"])
+    target = out or default_out(checkpoint)
+    try:
+        write_export(model, tokenizer, target)
+    except OSError as exc:
+        raise ExportError(f"cannot write {target} ({exc.strerror or _first(exc)})") from None
+    return target, checkpoint, int(state.get("step", 0))
+
+
+def find_checkpoint(source: Path) -> Path:
+    from app import checkpoint as ckpt
+
+    if source.is_file():
+        return source
+    for directory in (source / "checkpoints", source):
+        found = ckpt.list_checkpoints(directory)
+        if found:
+            return found[-1]
+    if not source.exists():
+        raise ExportError(f"{source}: no such file or directory")
+    raise ExportError(
+        f"{source}: no checkpoint there; give a run directory, its checkpoints/ directory or "
+        "a step_*.pt file"
+    )
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    import torch
+
+    try:  # weights_only: a checkpoint is data, never code to run
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:
+        raise ExportError(f"{path} is not a readable checkpoint ({type(exc).__name__})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise ExportError(f"{path} holds no model state; it was not written by this trainer")
+    return state
+
+
+def run_config(checkpoint: Path, state: dict[str, Any]) -> Any:
+    """The task, model and data settings the checkpoint was trained with (stored in it, else
+    its run's .hydra/), on the schema: keys added since then take their defaults."""
+    from omegaconf import OmegaConf
+
+    from app.checks import saved_run_config
+    from app.config import DataConfig, ModelConfig, TaskConfig
+
+    saved = saved_run_config(checkpoint, state)
+    if saved is None:
+        raise ExportError(
+            f"{checkpoint} records no config and its run directory has no .hydra/config.yaml: "
+            "the model it holds cannot be rebuilt"
+        )
+    schema = OmegaConf.create({"task": TaskConfig(), "model": ModelConfig(), "data": DataConfig()})
+    known = {
+        group: {k: v for k, v in (saved.get(group) or {}).items() if k in schema[group]}
+        for group in schema
+    }
+    try:
+        cfg = OmegaConf.merge(schema, known)
+    except Exception as exc:  # a value of another type than the schema's today
+        raise ExportError(
+            f"{checkpoint}: its recorded config does not fit ({_first(exc)})"
+        ) from None
+    cfg.model.gradient_checkpointing = False  # a training setting: nothing to export
+    return cfg
+
+
+def rebuild(cfg: Any, checkpoint: Path, weights: dict[str, Any]) -> tuple[Any, Any | None]:
+    from app.tasks import build_task
+
+    task = build_task(cfg.task)
+    data = task.model_data(cfg.data)
+    model = task.build_model(cfg.model, data)
+    try:
+        model.load_state_dict(weights)
+    except (RuntimeError, KeyError) as exc:
+        raise ExportError(
+            f"{checkpoint}: its weights do not fit the model its config describes ({_first(exc)})"
+        ) from None
+    return model, data.info.get("tokenizer")
+
+
+def default_out(checkpoint: Path) -> Path:
+    """<run dir>/model for the run's latest checkpoint; an earlier one gets model-step_N, so
+    it never replaces the export of the finished run."""
+    from app import checkpoint as ckpt
+
+    parent = checkpoint.parent
+    run_dir = parent.parent if parent.name == "checkpoints" else parent
+    latest = ckpt.list_checkpoints(parent)
+    if latest and latest[-1].resolve() == checkpoint.resolve():
+        return run_dir / EXPORT_DIR
+    return run_dir / f"{EXPORT_DIR}-{checkpoint.stem}"
+
+
+def _first(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, as every error of this project
+        _fail(message)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from app.validation import ConfigError
+
+    parser = _Parser(
+        prog="python -m app.export",
+        description="Write a checkpoint's model and tokenizer in Hugging Face format.",
+    )
+    parser.add_argument("source", help="a run directory, its checkpoints/ or a step_*.pt file")
+    parser.add_argument("--out", help="the export directory (default: <run dir>/model)")
+    args = parser.parse_args(argv)
+    try:
+        out, checkpoint, step = export_checkpoint(
+            Path(args.source), Path(args.out) if args.out else None
+        )
+    except (ExportError, ConfigError) as exc:
+        _fail(str(exc))
+    print(f"exported   {out} (step {step} of {checkpoint})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

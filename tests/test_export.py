@@ -1,0 +1,285 @@
+"""The result users load: <run dir>/model in Hugging Face format, loaded and used by transformers
+alone, continued with model=pretrained, and written again from any checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from app import checkpoint as ckpt
+from app.runner import run_training
+from tests.conftest import ROOT, TINY, compose, run_cli, tiny
+
+FILES = {
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+}
+
+# Loads an export with transformers alone, in a process that cannot import this project.
+LOAD_AND_GENERATE = """
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+prompt = "The cat"
+inputs = tok(prompt, return_tensors="pt")
+out = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+batch = tok(["a", "longer prompt"], return_tensors="pt", padding=True)
+model.generate(**batch, max_new_tokens=3, do_sample=False)
+print(json.dumps({
+    "ids": inputs["input_ids"][0].tolist(),
+    "new": out[0, inputs["input_ids"].shape[1]:].tolist(),
+    "text": tok.decode(out[0], skip_special_tokens=True),
+    "eos": tok.eos_token_id,
+    "generation": [model.generation_config.eos_token_id, model.generation_config.pad_token_id],
+    "app_imported": any(m == "app" or m.startswith("app.") for m in sys.modules),
+}))
+"""
+
+LOAD_CLASSIFIER = """
+import json, sys
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+model = AutoModelForSequenceClassification.from_pretrained(sys.argv[1])
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+batch = tok(["a man is sleeping"], ["a person rests"], return_tensors="pt", padding=True)
+with torch.no_grad():
+    logits = model(**batch).logits
+print(json.dumps({
+    "id2label": model.config.id2label,
+    "shape": list(logits.shape),
+    "ids": batch["input_ids"][0].tolist(),
+}))
+"""
+
+
+def transformers_only(script: str, *args: str, cwd: Path) -> dict:
+    """Run `script` where `app` cannot be imported: another directory, no PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "pad" not in proc.stderr, proc.stderr  # generate() had what it needs, no warning
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A completed tiny run through the real entrypoint (so it has .hydra/ too)."""
+    base = tmp_path_factory.mktemp("export")
+    proc = run_cli(*TINY, f"data.cache_dir={base / 'cache'}", f"hydra.run.dir={base / 'run'}")
+    assert proc.returncode == 0, proc.stderr
+    return base / "run"
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+def _same_export(a: Path, b: Path) -> None:
+    ta, tb = _tensors(a), _tensors(b)
+    assert ta.keys() == tb.keys()
+    for name in ta:
+        torch.testing.assert_close(tb[name], ta[name], rtol=0, atol=0, msg=name)
+    for name in FILES - {"model.safetensors"}:
+        assert json.loads((a / name).read_text()) == json.loads((b / name).read_text()), name
+
+
+def test_a_run_leaves_a_model_that_transformers_alone_loads_and_generates_with(finished, tmp_path):
+    model_dir = finished / "model"
+    assert {p.name for p in model_dir.iterdir()} >= FILES
+    summary = json.loads((finished / "summary.json").read_text())
+    assert summary["export_dir"] == str(model_dir)
+
+    got = transformers_only(LOAD_AND_GENERATE, str(model_dir), cwd=tmp_path)
+    assert not got["app_imported"]
+    assert got["ids"] == list(b"The cat")  # the byte tokenizer's ids: byte values
+    assert got["eos"] == 0  # the end-of-document token the model was trained with
+    assert got["generation"] == [0, 0]  # generate() stops at it and pads with it
+    assert len(got["new"]) > 0 and got["text"].startswith("The cat")
+
+    # The weights are the final checkpoint's (tied embeddings are stored once).
+    final = torch.load(ckpt.list_checkpoints(finished / "checkpoints")[-1], weights_only=True)
+    exported = _tensors(model_dir)
+    for name, tensor in exported.items():
+        torch.testing.assert_close(tensor, final["model"][name], rtol=0, atol=0, msg=name)
+
+
+def test_training_continues_from_the_export(finished, tmp_path):
+    first = json.loads((finished / "summary.json").read_text())
+    cfg = compose(tiny(tmp_path, "model=pretrained", f"model.path={finished / 'model'}"))
+    assert cfg.data.tokenizer == str(finished / "model")  # its own tokenizer: the same ids
+    summary = run_training(cfg, tmp_path / "run")
+    assert summary["status"] == "completed"
+    # The same weights on the same validation blocks: it starts where the first run ended.
+    assert summary["initial_val_loss"] == pytest.approx(first["final_val_loss"], abs=1e-4)
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    assert summary["warnings"] == []
+
+
+def test_app_export_writes_the_same_files_from_the_checkpoint(finished, tmp_path):
+    out = tmp_path / "again"
+    proc = _export(str(finished), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    _same_export(finished / "model", out)
+
+
+def test_an_old_checkpoint_without_its_config_exports_from_its_run_dir(finished, tmp_path):
+    run = shutil.copytree(finished, tmp_path / "run", ignore=shutil.ignore_patterns("model"))
+    path = ckpt.list_checkpoints(run / "checkpoints")[-1]
+    state = torch.load(path, weights_only=True)
+    del state["config"]  # as checkpoints were before they recorded it: .hydra/ tells instead
+    torch.save(state, path)
+    proc = _export(str(path))
+    assert proc.returncode == 0, proc.stderr
+    _same_export(finished / "model", run / "model")
+
+
+def test_an_earlier_checkpoint_does_not_replace_the_final_export(finished, tmp_path):
+    run = shutil.copytree(finished, tmp_path / "run")
+    latest = ckpt.list_checkpoints(run / "checkpoints")[-1]
+    earlier = run / "checkpoints" / "step_00000003.pt"
+    state = torch.load(latest, weights_only=True)
+    torch.save({**state, "step": 3}, earlier)
+    assert _export(str(earlier)).returncode == 0
+    assert (run / "model-step_00000003" / "model.safetensors").is_file()
+    _same_export(finished / "model", run / "model")
+
+
+@pytest.mark.parametrize(
+    ("target", "needle"),
+    [
+        ("missing", "no such file or directory"),
+        ("empty", "no checkpoint there"),
+        ("garbage.pt", "is not a readable checkpoint"),
+    ],
+)
+def test_app_export_bad_input_is_one_line_and_exit_2(target, needle, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
+    proc = _export(str(tmp_path / target))
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+
+def _export(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "app.export", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+# --- atomic: complete or absent, an old export replaced safely --------------------------------
+
+
+def _tiny_model():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(
+        GPT2Config(vocab_size=256, n_positions=16, n_embd=8, n_layer=1, n_head=2)
+    )
+
+
+def test_a_failed_export_leaves_the_old_one_whole_and_no_temporaries(tmp_path, monkeypatch):
+    from app.data.hf_tokenizer import byte_tokenizer
+    from app.export import write_export
+
+    out = tmp_path / "model"
+    write_export(_tiny_model(), byte_tokenizer(), out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    tok = byte_tokenizer()
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tok, "save_pretrained", full_disk)
+    with pytest.raises(OSError):
+        write_export(_tiny_model(), tok, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_new_export_replaces_the_old_and_clears_a_killed_ones_leftovers(tmp_path):
+    from app.data.hf_tokenizer import byte_tokenizer
+    from app.export import write_export
+
+    out = tmp_path / "model"
+    write_export(_tiny_model(), byte_tokenizer(), out)
+    (out / "stray.txt").write_text("from the old export")
+    (tmp_path / ".model.dead.tmp").mkdir()  # a kill between writing and renaming
+    write_export(_tiny_model(), byte_tokenizer(), out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert {p.name for p in out.iterdir()} == FILES
+
+
+def test_export_off_writes_no_model(tmp_path):
+    summary = run_training(compose(tiny(tmp_path, "training.export=false")), tmp_path / "run")
+    assert summary["status"] == "completed" and "export_dir" not in summary
+    assert not (tmp_path / "run" / "model").exists()
+
+
+class Wrapped(torch.nn.Module):
+    """What DDP (`module.`) and torch.compile (`_orig_mod.`) do to a model: wrap it."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def test_a_wrapped_model_exports_its_plain_weights(tmp_path, monkeypatch):
+    import app.runner
+
+    monkeypatch.setattr(app.runner, "maybe_compile", lambda model, *a: Wrapped(model))
+    summary = run_training(compose(tiny(tmp_path, "training.max_steps=2")), tmp_path / "run")
+    names = set(_tensors(Path(summary["export_dir"])))
+    assert names and all(n.startswith(("transformer.", "lm_head.")) for n in names), names
+
+
+# --- classification ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_classifier_export_loads_with_auto_model_for_sequence_classification(tmp_path):
+    from app.tasks import build_task
+    from tests.test_classification import nli
+
+    cfg = compose(nli(tmp_path))
+    summary = run_training(cfg, tmp_path / "run")
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(summary["export_dir"]))
+    got = transformers_only(LOAD_CLASSIFIER, summary["export_dir"], cwd=tmp_path)
+    assert got["id2label"] == {"0": "entailment", "1": "neutral", "2": "contradiction"}
+    assert got["shape"] == [1, 3]
+    # The pair is encoded as in training: the run's BPE, [CLS] a [SEP] b [SEP].
+    trained_with = build_task(cfg.task).export_tokenizer(cfg.data)
+    assert got["ids"] == trained_with("a man is sleeping", "a person rests")["input_ids"]
