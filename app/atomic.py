@@ -30,3 +30,12 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename inside `directory` durable (the directory entry itself is flushed)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from app.atomic import atomic_write
+from app.atomic import atomic_write, fsync_dir
 from app.config import ConfigError
 from app.outcomes import WriteFailed
 
@@ -43,7 +43,7 @@ def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int
     remove_stale_temporaries(directory)
     try:
         atomic_write(final, lambda f: torch.save(state, f))
-        _fsync_dir(directory)  # make the rename itself durable before older checkpoints go
+        fsync_dir(directory)  # make the rename itself durable before older checkpoints go
     except (OSError, RuntimeError) as exc:  # torch reports a full disk as a RuntimeError
         raise WriteFailed(
             f"could not write checkpoint {final} ({_why(exc, directory)}); the earlier "
@@ -69,14 +69,6 @@ def remove_stale_temporaries(directory: Path) -> None:
     if directory.is_dir():
         for tmp in directory.glob(".step_*.pt.*.tmp"):
             tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
+from app.atomic import fsync_dir
+
 EXPORT_DIR = "model"
 
 
@@ -106,7 +108,7 @@ def _replace(new: Path, out: Path) -> None:
         old = out.with_name(f".{out.name}.old-{os.getpid()}.tmp")
         os.replace(out, old)
     os.replace(new, out)
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     if old is not None:
         shutil.rmtree(old) if old.is_dir() else old.unlink()
 
@@ -115,14 +117,6 @@ def remove_stale_temporaries(out: Path) -> None:
     """Temporaries of an export a kill interrupted."""
     for tmp in out.parent.glob(f".{out.name}.*.tmp"):
         shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def export_run(model: Any, task: Any, data_cfg: Any, run_dir: Path) -> Path:
