@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -158,6 +159,72 @@ def test_bench_command_end_to_end(tmp_path: Path) -> None:
     assert all(r["runs_ok"] == 1 for r in rows.values()), report["runs"]
     assert rows["bare"]["speed_ratio"] == 1.0
     assert report["machine"]["torch"]
+
+
+def test_classification_rows_report_samples_per_second() -> None:
+    runs = [fake_run(3000, 2**20, unit="samples", samples_per_sec=s) for s in (90, 110, 100)]
+    rows = [
+        {"variant": "eager", "contender": "bare", **aggregate(runs)},
+        {"variant": "eager", "contender": "trainer", **aggregate(runs[::-1])},
+    ]
+    add_ratios(rows, key=lambda r: r["variant"], baseline=lambda r: r["contender"] == "bare")
+    assert rows[0]["samples_per_sec"] == 100
+    assert (rows[0]["samples_per_sec_min"], rows[0]["samples_per_sec_max"]) == (90, 110)
+    assert rows[1]["by_round"] == [100, 110, 90]
+    assert rows[1]["speed_ratio"] == 1.0
+    report = {
+        "profile": "smoke_nli",
+        "rounds": 3,
+        "warmup_steps": 1,
+        "measured_steps": 2,
+        "rows": rows,
+        "machine": {"cpu": "x", "cpus": 2, "torch": "t", "transformers": "tf", "python": "3"},
+    }
+    table = benchmark_table(report)
+    assert "| samples/s (median) |" in table and "| padding |" in table
+    assert "| eager | bare | 100 | 90-110 | 1.000 | 1.000 | 1 | 1.000 | 3,000 |" in table
+
+
+def nli_spec(tmp_path: Path, contender: str) -> dict:
+    overrides = [*profiles.PROFILES["smoke_nli"]["overrides"], "training.progress_bar=false"]
+    overrides.append(f"data.cache_dir={tmp_path / 'cache'}")
+    return {**spec(tmp_path, contender), "overrides": overrides}
+
+
+@pytest.mark.parametrize("contender", ["trainer", "bare", "hf"])
+def test_classification_worker_in_process(tmp_path: Path, contender: str) -> None:
+    """The three contenders on the tiny NLI task: the same samples per step, samples/s."""
+    worker = {"trainer": workers.work_trainer, "bare": workers.work_bare, "hf": workers.work_hf}
+    result = worker[contender](nli_spec(tmp_path, contender))
+    assert result["unit"] == "samples"
+    assert result["samples_per_step"] == 8
+    assert result["samples_per_sec"] > 0 and result["tokens_per_sec"] > 0
+    assert 0 <= result["padding"] < 0.5  # length-grouped, padded per micro-batch
+    assert math.isfinite(result["final_loss"])
+
+
+@pytest.mark.slow
+def test_bench_command_classification_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--profile", "smoke_nli", "--rounds", "1", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.bench", *argv],
+        cwd=ROOT,
+        env={**os.environ, "HYDRATRAIN_CACHE": str(tmp_path / "cache")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "samples/s (median)" in proc.stdout and "| eager | hf |" in proc.stdout
+    report = json.loads(out.read_text())
+    rows = {r["contender"]: r for r in report["rows"]}
+    assert set(rows) == {"trainer", "bare", "hf"}
+    assert all(r["runs_ok"] == 1 for r in rows.values()), report["runs"]
+    for r in rows.values():
+        assert r["unit"] == "samples" and r["samples_per_step"] == 8
+        assert r["samples_per_sec"] > 0 and math.isfinite(r["final_loss"])
+    assert rows["bare"]["speed_ratio"] == 1.0
 
 
 def test_rounds_rotate_so_every_arm_runs_in_every_slot(monkeypatch):

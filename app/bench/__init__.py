@@ -15,10 +15,15 @@ each round. Throughput is steady state (after the warm-up steps), median over ro
 
     python -m app.bench                          # CPU: tiny GPT-2, seq 128, batch 32 (minutes)
     python -m app.bench --profile gpt2_small     # GPU: GPT-2 small, seq 1024, bf16, +/- compile
+    python -m app.bench --profile nli_tiny       # CPU: tiny DeBERTa NLI classification, samples/s
     python -m app.bench --ablate                 # speed-up options, one at a time
     python -m app.bench --startup                # `app.train --help` / `--cfg job` latency
 
+Throughput is in the task's unit: tokens/s for causal LM, samples/s for classification (whose
+micro-batches are padded per batch; the table adds tokens/s and the share of padding).
+
 Modules: profiles (what to run), schedule (subprocesses: rounds or lockstep), workers (one
-contender in a process), clock (step timing inside a worker), report (medians, ratios, tables),
-micro (the AdamW step and CLI start-up on their own).
+contender in a process), tasks (what differs per task: the bare loop's step, the Trainer's
+dataset and collator, the unit), clock (step timing inside a worker), report (medians, ratios,
+tables), micro (the AdamW step and CLI start-up on their own).
 """

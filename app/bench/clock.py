@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 
 class StepClock:
@@ -27,6 +28,15 @@ class StepClock:
         self.ready_s: float | None = None  # lockstep: launch to ready for the first step
         self.t_go = 0.0
         self.turn_seconds = 0.0  # lockstep: the measured steps' turns
+        self.tokens: Any = 0  # the measured steps' tokens that carry data (may be a tensor)
+        self.padded: Any = 0  # ... and the tokens computed, padding included
+
+    def count(self, tokens: Any, padded: Any) -> None:
+        """Add work done in the current step; counted only when the step is measured. Device
+        tensors are summed without a sync and read at the end."""
+        if self.done >= self.warmup:
+            self.tokens = self.tokens + tokens
+            self.padded = self.padded + padded
 
     def before_step(self) -> None:
         """Call before every step; in lockstep, the first call waits for the first turn."""

@@ -32,6 +32,20 @@ PROFILES: dict[str, dict[str, Any]] = {
         "steps": 40,
         "variants": {"eager": ["model.compile=false"], "compile": ["model.compile=true"]},
     },
+    # Sequence classification (app/bench/tasks.py): the tiny DeBERTa on the built-in NLI corpus,
+    # length-grouped steps padded per micro-batch; throughput in samples/s. The experiment's 16
+    # samples per step, as 8 x 2 so accumulation is part of it.
+    "nli_tiny": {
+        "overrides": [
+            "experiment=nli_tiny",
+            "training.effective_batch_size=16",
+            "training.micro_batch_size=8",
+        ],
+        "warmup": 20,
+        "steps": 300,
+        "variants": {"eager": []},
+        "lockstep": True,
+    },
     # For tests: seconds, not minutes.
     "smoke": {
         "overrides": [
@@ -42,6 +56,23 @@ PROFILES: dict[str, dict[str, Any]] = {
             "data.builtin_num_docs=200",
             "training.effective_batch_size=4",
             "training.micro_batch_size=2",
+        ],
+        "warmup": 1,
+        "steps": 3,
+        "variants": {"eager": []},
+        "lockstep": True,
+    },
+    "smoke_nli": {
+        "overrides": [
+            "experiment=nli_tiny",
+            "data.builtin_num_docs=600",
+            "data.max_length=64",
+            "model.n_layer=1",
+            "model.n_embd=32",
+            "model.n_head=2",
+            "model.intermediate_size=64",
+            "training.effective_batch_size=8",
+            "training.micro_batch_size=4",
         ],
         "warmup": 1,
         "steps": 3,

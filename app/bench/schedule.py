@@ -14,7 +14,7 @@ from typing import Any
 
 from app.bench.lockstep import Lane, run_turns
 from app.bench.profiles import PROFILES, Arm, ablations
-from app.bench.report import add_ratios, aggregate, machine_info
+from app.bench.report import add_ratios, aggregate, machine_info, unit_rate
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,7 +132,7 @@ def _progress_line(key: tuple[str, str], res: dict[str, Any]) -> None:
         print(f"  {key}: FAILED {res['error']}", file=sys.stderr, flush=True)
         return
     print(
-        f"  {key[0]} / {key[1]}: {res['tokens_per_sec']:,.0f} tok/s, "
+        f"  {key[0]} / {key[1]}: {unit_rate(res):,.0f} {res.get('unit', 'tokens')}/s, "
         f"peak {res['peak_memory_bytes'] / 2**20:,.0f} MiB, first step {res['first_step_s']:.1f} s",
         file=sys.stderr,
         flush=True,

@@ -33,26 +33,32 @@ def _compose(spec: dict[str, Any]):
 def _result(
     clock: StepClock,
     cfg,
+    unit: str,
     final_loss: float,
     device_name: str,
     dtype: str,
     flops_tok: int | None,
     peak_tflops: float | None,
 ) -> dict[str, Any]:
+    """Throughput in tokens that carry data and in samples (the work the clock counted over the
+    measured steps); `unit` says which one the task reports (app/bench/tasks.py)."""
     from app.telemetry import mfu
 
     seconds = clock.measured_seconds()
-    tokens_per_step = cfg.training.effective_batch_size * cfg.data.seq_len
-    tps = (clock.total - clock.warmup) * tokens_per_step / seconds
-    peak, kind = clock.peak
+    steps = clock.total - clock.warmup
+    tokens, padded = int(clock.tokens), int(clock.padded)
+    tps = tokens / seconds
     return {
+        "unit": unit,
         "tokens_per_sec": tps,
-        "samples_per_sec": tps / cfg.data.seq_len,
-        "tokens_per_step": tokens_per_step,
+        "samples_per_sec": steps * cfg.training.effective_batch_size / seconds,
+        "tokens_per_step": tokens / steps,
+        "samples_per_step": cfg.training.effective_batch_size,
+        "padding": 1 - tokens / padded if padded else 0.0,  # share of the computed tokens
         "measured_seconds": seconds,
         "first_step_s": clock.first_step_s,
-        "peak_memory_bytes": peak,
-        "peak_memory_kind": kind,
+        "peak_memory_bytes": clock.peak[0],
+        "peak_memory_kind": clock.peak[1],
         "final_loss": final_loss,
         "device_name": device_name,
         "dtype": dtype,
@@ -80,12 +86,13 @@ def _device_setup(cfg, host_malloc: str):
     return device, preset, precision
 
 
-def _flops(model, cfg, device, precision) -> tuple[int, float | None]:
+def _flops(model, cfg, device, precision, task) -> tuple[int, float | None]:
     from app.model import model_shape
     from app.telemetry import flops_per_token
 
     s = model_shape(model)
-    flops = flops_per_token(s.num_params, s.n_layer, s.n_head, s.head_dim, cfg.data.seq_len)
+    seq = task.sequence_length(cfg.data)
+    flops = flops_per_token(s.num_params, s.n_layer, s.n_head, s.head_dim, seq)
     return flops, device.peak_tflops.get(precision.name)
 
 
@@ -94,6 +101,7 @@ def work_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     import app.loop as loop
+    from app.bench.tasks import bench_task
     from app.runner import run_training
 
     # Evaluation and checkpoints run after the last timed step; nothing else is changed.
@@ -104,12 +112,14 @@ def work_trainer(spec: dict[str, Any]) -> dict[str, Any]:
         "training.checkpoint_every=0",
     ]
     cfg = _compose({**spec, "overrides": [*spec["overrides"], *extra]})
+    bench = bench_task(cfg)
     device = torch.device("cuda" if _wants_cuda(cfg) else "cpu")
     clock = _clock(spec, cfg, device)
     inner = loop.step_with_recovery
 
     def timed(run, blocks, step):
         clock.before_step()
+        clock.count(*bench.step_work(blocks, run.plan.micro_sizes))
         out = inner(run, blocks, step)
         clock.step_done()
         return out
@@ -122,6 +132,7 @@ def work_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     return _result(
         clock,
         cfg,
+        bench.unit,
         summary["final_train_loss"],
         summary["device_name"],
         summary["dtype"],
@@ -158,23 +169,23 @@ def _adamw(model, cfg, impl: str):
 
 
 def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
-    """The floor: model, AdamW, autocast, clip, step. No loader, no logging, no framework."""
+    """The floor: model, AdamW, autocast, clip, step. No loader, no logging, no framework.
+    What a step's samples are and how they are split is the task's (app/bench/tasks.py)."""
     import contextlib
 
     import torch
-    import torch.nn.functional as F
 
-    from app.data.tokens import load_token_data
-    from app.model import build_model
+    from app.bench.tasks import bench_task
     from app.optim import build_scheduler
 
     cfg = _compose(spec)
     # The floor gets every process setting the trainer has, the host malloc policy included.
     device, _, precision = _device_setup(cfg, cfg.training.host_malloc)
     dev = device.torch_device
-    data = load_token_data(cfg.data)
-    model = build_model(cfg.model, data.vocab_size).to(dev)
-    flops, peak_tflops = _flops(model, cfg, device, precision)
+    bench = bench_task(cfg)
+    data = bench.task.load_data(cfg.data)
+    model = bench.task.build_model(cfg.model, data).to(dev)
+    flops, peak_tflops = _flops(model, cfg, device, precision, bench.task)
     # Fused is the fastest AdamW on CUDA and, since torch 2.4, on CPU too (see --ablate).
     impl = spec["options"].get("adamw", "fused")
     opt = _adamw(model, cfg, impl)
@@ -186,45 +197,43 @@ def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
         if precision.autocast_dtype is not None
         else contextlib.nullcontext()
     )
-    blocks = data.train.pin_memory() if dev.type == "cuda" else data.train
-    gen = torch.Generator().manual_seed(cfg.data.seed)
+    samples = data.train.pin_memory() if dev.type == "cuda" else data.train
+    sample = bench.bare_sampler(data)
+    sizes = [micro] * accum
     clock = _clock(spec, cfg, dev)
     model.train()
-    for _ in range(cfg.training.max_steps):
+    for step in range(cfg.training.max_steps):
         clock.before_step()
-        idx = torch.randint(len(blocks), (micro * accum,), generator=gen)
-        batch = blocks[idx].to(dev, non_blocking=True)
-        for i in range(accum):
-            part = batch[i * micro : (i + 1) * micro]
-            with amp:
-                logits = fwd(input_ids=part[:, :-1]).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), part[:, 1:].flatten()) / accum
-            del logits  # else the next forward cannot reuse its memory: 1-3 % on CPU
-            loss.backward()
+        batch = samples[sample(step)]
+        clock.count(*bench.step_work(batch, sizes))
+        loss = bench.bare_backward(fwd, batch, micro, accum, amp, dev)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
         sched.step()
         clock.step_done()
-    return _result(clock, cfg, loss.item() * accum, device.name, precision.name, flops, peak_tflops)
+    final = loss.item() * accum
+    return _result(clock, cfg, bench.unit, final, device.name, precision.name, flops, peak_tflops)
 
 
 def work_hf(spec: dict[str, Any]) -> dict[str, Any]:
-    """transformers.Trainer with the same model, batch plan, optimizer recipe and precision."""
+    """transformers.Trainer with the same model, batch plan, optimizer recipe and precision; the
+    dataset, collator and sampling a Trainer user would pick for the task (app/bench/tasks.py)."""
     from transformers import TrainerCallback, TrainingArguments
 
+    from app.bench.tasks import bench_task
     from app.data.loader import resolve_num_workers
-    from app.data.tokens import load_token_data
-    from app.model import build_model
 
     cfg = _compose(spec)
     # Stock, as users run it: glibc's malloc defaults unless an ablation arm asks otherwise.
     device, preset, precision = _device_setup(cfg, spec["options"].get("host_malloc", "default"))
     dev = device.torch_device
-    data = load_token_data(cfg.data)
-    model = build_model(cfg.model, data.vocab_size)
-    flops, peak_tflops = _flops(model, cfg, device, precision)
+    bench = bench_task(cfg)
+    data = bench.task.load_data(cfg.data)
+    model = bench.task.build_model(cfg.model, data)
+    flops, peak_tflops = _flops(model, cfg, device, precision, bench.task)
     micro, accum = _batch_plan(cfg)
+    train_dataset, task_args, task_kwargs = bench.hf_setup(data)
     clock = _clock(spec, cfg, dev)
 
     class Clock(TrainerCallback):
@@ -255,46 +264,39 @@ def work_hf(spec: dict[str, Any]) -> dict[str, Any]:
         use_cpu=dev.type == "cpu",
         dataloader_num_workers=resolve_num_workers(cfg.data.num_workers, preset.dataloader_workers),
         dataloader_drop_last=True,
-        remove_unused_columns=False,
         logging_strategy="no",
         save_strategy="no",
         eval_strategy="no",
         report_to="none",
         seed=t.seed,
+        **task_args,
     )
     trainer = _hf_trainer(
-        model=model, args=args, train_dataset=_HfBlocks(data.train), callbacks=[Clock()]
+        clock,
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        callbacks=[Clock()],
+        **task_kwargs,
     )
     trainer.train()
-    # With accumulation the Trainer divides each micro-batch's loss by the whole step's tokens.
-    loss = float(trainer.last_loss) * accum
-    return _result(clock, cfg, loss, device.name, precision.name, flops, peak_tflops)
+    loss = bench.hf_micro_loss(float(trainer.last_loss), accum)
+    return _result(clock, cfg, bench.unit, loss, device.name, precision.name, flops, peak_tflops)
 
 
-def _hf_trainer(**kwargs):
+def _hf_trainer(clock: StepClock, **kwargs):
     # Subclassed inside a function: transformers is imported only in the hf worker.
     from transformers import Trainer
 
     class LastLossTrainer(Trainer):
-        """Keeps the last micro-batch loss (a device tensor: no sync) for the sanity column."""
+        """Keeps the last micro-batch loss (a device tensor: no sync) for the sanity column and
+        counts the tokens of each micro-batch, with and without padding, for the clock."""
 
         def compute_loss(self, model, inputs, *args, **kw):
+            ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+            clock.count(ids.numel() if mask is None else mask.sum(), ids.numel())
             loss = super().compute_loss(model, inputs, *args, **kw)
             self.last_loss = (loss[0] if isinstance(loss, tuple) else loss).detach()
             return loss
 
     return LastLossTrainer(**kwargs)
-
-
-class _HfBlocks:
-    """Packed blocks as the Trainer wants them; the model shifts the labels itself."""
-
-    def __init__(self, blocks) -> None:
-        self.blocks = blocks
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        x = self.blocks[i, :-1]
-        return {"input_ids": x, "labels": x}
