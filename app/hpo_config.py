@@ -28,7 +28,9 @@ class HpoConfig:
     # command line then sets keys that are not there yet (Hydra refuses new keys in a dict).
     sampler_args: Any = None  # fields of that sampler config
     seed: int | None = 0  # the sampler's seed unless sampler_args sets one
-    pruner: str = "median"  # median | successive_halving | hyperband | none
+    # successive_halving | median | hyperband | none; defaults follow training.eval_every and
+    # max_steps (hydra_plugins/.../_samplers.py pruner_defaults); measured: docs/benchmarks.md
+    pruner: str = "successive_halving"
     pruner_args: Any = None  # arguments of the Optuna pruner
     max_failure_rate: float = 0.5  # FAIL share of this worker's trials that stops it
     min_trials_for_failure_rate: int = 4

@@ -361,7 +361,10 @@ def test_conf_hpo_optuna_sets_no_setting_to_its_default():
 
 def test_pruner_defaults_follow_the_studys_evaluation_schedule():
     every_10 = EvalSchedule(every=10, last=120)
-    assert pruner_defaults("successive_halving", every_10) == {"min_resource": 10}
+    # The first rung: the first evaluation at or after 120 / 9 steps.
+    assert pruner_defaults("successive_halving", every_10) == {"min_resource": 20}
+    assert pruner_defaults("successive_halving", EvalSchedule(50, 300)) == {"min_resource": 50}
+    assert pruner_defaults("successive_halving", EvalSchedule(25, 1000)) == {"min_resource": 125}
     assert pruner_defaults("hyperband", every_10) == {"min_resource": 10, "max_resource": 120}
     # Step 0 (the untrained model, alike for every trial of a seed) is never judged.
     assert pruner_defaults("median", every_10)["n_warmup_steps"] == 1

@@ -314,6 +314,7 @@ def test_real_sweep_records_attrs_and_prunes(tmp_path):
             "training.lr=tag(log, interval(1e-7, 1e-1))",
             "training.warmup_steps=choice(0, 10)",
             f"hpo.enqueue=[{good},{good},{good},{bad}]",
+            "hpo.pruner=median",
             "++hpo.pruner_args={n_startup_trials:3,n_warmup_steps:1}",
         ),
     )

@@ -44,19 +44,31 @@ class EvalSchedule:
         return cls(int(t.eval_every), int(t.max_steps))
 
 
+SH_REDUCTION = 3  # SuccessiveHalvingPruner's own default reduction factor
+
+
+def first_rung(schedule: EvalSchedule, fraction_of: int) -> int:
+    """The first evaluation step at or after max_steps / fraction_of."""
+    wanted = math.ceil(schedule.last / fraction_of)
+    return max(schedule.every, math.ceil(wanted / schedule.every) * schedule.every)
+
+
 def pruner_defaults(name: str, schedule: EvalSchedule | None) -> dict[str, Any]:
     """The arguments of each pruner that hpo.pruner_args does not set.
 
-    Step 0 is the untrained model, the same for every trial of one seed: never judged. The
-    rungs of successive halving and hyperband start at the first evaluation after it, and
-    hyperband's budget ends at max_steps, so its brackets fit the study's report steps.
+    Step 0 is the untrained model, the same for every trial of one seed: never judged.
+    Successive halving (reduction factor 3) puts its first rung at the first evaluation at or
+    after max_steps / 9, so a trial is judged twice before its end (at ~1/9 and ~1/3 of the
+    run): judged at the first evaluation, the tiny CPU study lost its best trial, which starts
+    slowly (docs/benchmarks.md, "HPO"). Hyperband's brackets span the first evaluation to
+    max_steps.
     """
     if name == "median":
         return {"n_startup_trials": 3, "n_warmup_steps": 1}
     if schedule is None:
         return {}
     if name == "successive_halving":
-        return {"min_resource": schedule.every}
+        return {"min_resource": first_rung(schedule, SH_REDUCTION**2)}
     if name == "hyperband":
         return {"min_resource": schedule.every, "max_resource": max(schedule.last, schedule.every)}
     return {}

@@ -276,11 +276,17 @@ def consecutive(jobs: list[tuple[Trial, list[str]]]) -> list[list[tuple[Trial, l
 
 
 def release_memory() -> int:
-    """Free what the last in-process trials left behind; return this process's RSS in bytes."""
-    gc.collect()
+    """Free what the last in-process trials left behind; return this process's RSS in bytes.
+
+    A full collection walks every object of torch and transformers (~0.15 s a trial, a tenth
+    of a short CPU trial): only where device memory is at stake. Elsewhere the young
+    generations are collected, and Python's own full collections take the rest."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
+        gc.collect()
         torch.cuda.empty_cache()
+    else:
+        gc.collect(1)
     return _rss_bytes()
 
 
