@@ -73,7 +73,11 @@ def test_the_readme_command_works_as_written(pg, tmp_path):
         f"hydra.sweep.dir={tmp_path}/multirun",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert [t.state for t in _trials(pg.url, "readme")] == [TrialState.COMPLETE] * 2
+    states = [t.state for t in _trials(pg.url, "readme")]
+    # Both trials ran to an end through the database; the second may be pruned by the default
+    # pruner (successive halving keeps only the best so far while a rung has few trials).
+    assert len(states) == 2 and states[0] == TrialState.COMPLETE
+    assert states[1] in (TrialState.COMPLETE, TrialState.PRUNED)
 
 
 def _fake(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-# The study: 16 trials of up to 120 steps, evaluated every 10, on the tiny model.
+# The study: 16 trials of up to 120 steps, evaluated every 10, on the tiny model, in the
+# search space of sweeps/tiny_cpu.yaml.
 STUDY = [
     "+sweeps=tiny_cpu",
     "hpo.n_trials=16",
@@ -32,7 +33,6 @@ STUDY = [
     "training.max_steps=120",
     "training.eval_every=10",
     "training.micro_batch_size=8",
-    "hpo.params={training.effective_batch_size:'choice(8, 16, 32)'}",
 ]
 # The pruner each study runs with: the default of hpo=optuna (what tiny_cpu leaves), and none.
 PRUNERS = {"default": [], "none": ["hpo.pruner=none"]}
