@@ -130,8 +130,8 @@ def test_worker_in_process(tmp_path: Path, monkeypatch, contender: str) -> None:
     assert result["peak_memory_kind"] == "peak_rss"
 
 
-@pytest.mark.slow
-def test_bench_command_end_to_end(tmp_path: Path) -> None:
+def _bench_cli(tmp_path: Path, profile: str) -> tuple[subprocess.CompletedProcess, dict, dict]:
+    """`python -m app.bench --profile PROFILE --rounds 1`: the process, the report, its rows."""
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [
@@ -139,7 +139,7 @@ def test_bench_command_end_to_end(tmp_path: Path) -> None:
             "-m",
             "app.bench",
             "--profile",
-            "smoke",
+            profile,
             "--rounds",
             "1",
             "--json",
@@ -152,11 +152,17 @@ def test_bench_command_end_to_end(tmp_path: Path) -> None:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "| eager | trainer |" in proc.stdout and "| eager | hf |" in proc.stdout
     report = json.loads(out.read_text())
     rows = {r["contender"]: r for r in report["rows"]}
     assert set(rows) == {"trainer", "bare", "hf"}
     assert all(r["runs_ok"] == 1 for r in rows.values()), report["runs"]
+    return proc, report, rows
+
+
+@pytest.mark.slow
+def test_bench_command_end_to_end(tmp_path: Path) -> None:
+    proc, report, rows = _bench_cli(tmp_path, "smoke")
+    assert "| eager | trainer |" in proc.stdout and "| eager | hf |" in proc.stdout
     assert rows["bare"]["speed_ratio"] == 1.0
     assert report["machine"]["torch"]
 
@@ -205,22 +211,8 @@ def test_classification_worker_in_process(tmp_path: Path, contender: str) -> Non
 
 @pytest.mark.slow
 def test_bench_command_classification_end_to_end(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    argv = ["--profile", "smoke_nli", "--rounds", "1", "--json", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "app.bench", *argv],
-        cwd=ROOT,
-        env={**os.environ, "HYDRATRAIN_CACHE": str(tmp_path / "cache")},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc, _, rows = _bench_cli(tmp_path, "smoke_nli")
     assert "samples/s (median)" in proc.stdout and "| eager | hf |" in proc.stdout
-    report = json.loads(out.read_text())
-    rows = {r["contender"]: r for r in report["rows"]}
-    assert set(rows) == {"trainer", "bare", "hf"}
-    assert all(r["runs_ok"] == 1 for r in rows.values()), report["runs"]
     for r in rows.values():
         assert r["unit"] == "samples" and r["samples_per_step"] == 8
         assert r["samples_per_sec"] > 0 and math.isfinite(r["final_loss"])
