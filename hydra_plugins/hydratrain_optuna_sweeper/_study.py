@@ -19,6 +19,7 @@ and, with hpo.retry_stale > 0, re-queued with the same parameters.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import threading
@@ -67,7 +68,7 @@ def uncount(study: optuna.Study, trial: Trial | FrozenTrial) -> None:
     private.set_system_attr(study, trial, UNCOUNTED, True)
 
 
-class Budget:
+class Budget(abc.ABC):
     """Hands out trials in batches; subclasses say how many."""
 
     def __init__(
@@ -89,8 +90,9 @@ class Budget:
         self.mine |= {private.trial_id(t) for t in trials}
         return trials
 
+    @abc.abstractmethod
     def _ask(self) -> Trial | None:
-        raise NotImplementedError
+        """A new trial, or None when the budget is spent."""
 
     def _new_trial(self) -> Trial:
         trial = retrying(self.study.ask, "ask")
