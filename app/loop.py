@@ -409,6 +409,7 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
     for m in run.task.metrics:
         summary[f"initial_val_{m.name}"] = summary[f"final_val_{m.name}"] = None
     summary["steps"] = run.start_step
+    summary["tokens_per_sec"], summary["train_time_s"] = None, 0.0  # until a window closes
     if run.start_step == 0 and cfg.eval_at_start:
         values = _eval_and_report(run, 0, summary)
         summary.update({f"initial_val_{m.name}": values[m.name] for m in run.task.metrics})
@@ -428,10 +429,10 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
             done = step + 1
             if done % cfg.log_every == 0 or done == cfg.max_steps:
                 _log_window(run, done, window, meter, summary, bar)
-            # Before the evaluation: a trial pruned there has trained `done` steps.
-            summary["steps"] = done
-            summary["tokens_per_sec"] = meter.steady_tokens_per_sec()
-            summary["train_time_s"] = meter.training_seconds()
+                # Only a closed window changes these: not worth a pass over the windows each step.
+                summary["tokens_per_sec"] = meter.steady_tokens_per_sec()
+                summary["train_time_s"] = meter.training_seconds()
+            summary["steps"] = done  # before the evaluation: a trial pruned there trained `done`
             if done % cfg.eval_every == 0 or done == cfg.max_steps:
                 with meter.pause():
                     _eval_and_report(run, done, summary)
