@@ -356,7 +356,8 @@ def test_real_kill_9_mid_trial_then_rerun(tmp_path):
         3,
         *TINY,
         FIXED_MICRO,
-        "training.max_steps=16",
+        # long enough that trial 1 is still training well after its first report (every 2 steps)
+        "training.max_steps=200",
         "hpo.heartbeat_interval=0.5",
         "hpo.stale_after=3",
         "hpo.poll_interval=0.5",
@@ -372,7 +373,7 @@ def test_real_kill_9_mid_trial_then_rerun(tmp_path):
     )
     deadline = time.time() + 180
     while time.time() < deadline:  # wait until trial 1 has reported (it is mid-training)
-        time.sleep(0.5)
+        time.sleep(0.2)
         if (tmp_path / "study.journal").exists():
             trials = _trials(tmp_path)
             if len(trials) >= 2 and trials[1].intermediate_values:
