@@ -269,12 +269,12 @@ def test_surplus_trial_is_discarded_uncounted(tmp_path):
 
 def test_stale_trial_is_failed_and_requeued(tmp_path):
     study, spec = _study(tmp_path)
-    live = Liveness(0.1, 0.5, 1, True, 0.1)
+    live = Liveness(0.1, 1.0, 1, True, 0.1)  # 1 s: a busy machine's stall does not age it
     budget = StudyBudget(study, 2, spec.lock_path, live)
     (stale,) = budget.next_trials(1)
     stale.suggest_float("x", 0, 1)
     assert fail_stale_trials(study, live, exclude=set()) == []  # fresh heartbeat
-    time.sleep(0.7)
+    time.sleep(1.2)
     assert fail_stale_trials(study, live, exclude=set()) == [stale.number]
     old, retry = study.get_trials()
     assert old.state == TrialState.FAIL and old.user_attrs["reason"] == "stale"

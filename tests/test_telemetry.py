@@ -111,7 +111,7 @@ def test_throughput_excludes_pauses_and_the_first_window() -> None:
         time.sleep(0.2)  # an eval: not training time
     time.sleep(0.05)
     seconds = meter.close_window(1000)
-    assert 0.04 < seconds < 0.15
+    assert 0.04 < seconds < 0.22  # with the 0.2 s pause counted it would be >= 0.25
     assert meter.steady_tokens_per_sec() == pytest.approx(1000 / seconds)
 
 
@@ -125,7 +125,7 @@ def test_throughput_step_marks_on_cpu() -> None:
                 time.sleep(0.2)  # not part of the next step's time
     meter.close_window(3)
     assert len(meter.step_times) == 3
-    assert all(0.015 < t < 0.15 for t in meter.step_times)
+    assert all(0.015 < t < 0.19 for t in meter.step_times)  # a counted pause: >= 0.22
     assert meter.device_seconds == pytest.approx(sum(meter.step_times), abs=0.01)
     # The next window starts timing from where this one closed.
     time.sleep(0.02)
