@@ -15,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from app import checkpoint as ckpt
 from app.batch.faults import FaultInjector
-from app.batch.plan import BatchPlan, fixed_plan
-from app.batch.probe import EVAL_FACTOR, auto_plan, oom_listener, plan_scalars
+from app.batch.plan import BatchPlan, eval_micro_size, fixed_plan
+from app.batch.probe import auto_plan, oom_listener, plan_scalars
 from app.batch.probe import describe as describe_choice
 from app.checks import AlreadyComplete, check_start, tokenizer_warning
 from app.config import ConfigError, validate
@@ -190,13 +190,9 @@ def choose_plan(ctx: RunContext, model: torch.nn.Module, data: TaskData) -> Batc
 
 
 def eval_micro_batch(t: DictConfig, micro: int) -> int | None:
-    """The evaluation micro-batch: None (the training one), EVAL_FACTOR x it, or as set; never
-    more than the validation samples a rank evaluates."""
-    wanted = t.eval_micro_batch_size
-    if wanted is None:
-        return None
-    size = EVAL_FACTOR * micro if wanted == "auto" else int(wanted)
-    return max(1, min(size, t.eval_samples))
+    """The evaluation micro-batch (eval_micro_size), never more than the validation samples."""
+    size = eval_micro_size(t.eval_micro_batch_size, micro)
+    return None if size is None else max(1, min(size, t.eval_samples))
 
 
 def step_loader(ctx: RunContext, data: TaskData, plan: BatchPlan, start_step: int):

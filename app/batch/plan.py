@@ -37,6 +37,19 @@ def rank_share(total: int, world_size: int, rank: int) -> int:
     return part.stop - part.start
 
 
+# training.eval_micro_batch_size=auto: evaluation runs EVAL_FACTOR times the training
+# micro-batch (no backward, no saved activations); the probe evaluates at that size too.
+EVAL_FACTOR = 4
+
+
+def eval_micro_size(setting: int | str | None, micro: int) -> int | None:
+    """training.eval_micro_batch_size for a training micro-batch: None (evaluate at the training
+    micro-batch), EVAL_FACTOR times it (auto), or the size set."""
+    if setting is None:
+        return None
+    return EVAL_FACTOR * micro if setting == "auto" else int(setting)
+
+
 @dataclass
 class BatchPlan:
     effective_batch_size: int

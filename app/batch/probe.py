@@ -56,7 +56,7 @@ from app.batch.cache import (
     record_oom,
 )
 from app.batch.faults import FaultInjector
-from app.batch.plan import BatchPlan, fixed_plan
+from app.batch.plan import BatchPlan, eval_micro_size, fixed_plan
 from app.context import RunContext
 from app.distributed import DistInfo
 from app.hardware.devices import DeviceInfo
@@ -70,9 +70,6 @@ from app.tasks.base import TaskData, move
 log = logging.getLogger(__name__)
 TIE = 0.03  # samples/s within 3% count as a tie (timing noise): the larger micro-batch wins
 TIMED_SIZES = 3  # split sizes timed near the top
-# training.eval_micro_batch_size=auto: evaluation runs EVAL_FACTOR times the training
-# micro-batch (no backward, no saved activations); the probe evaluates at that size too.
-EVAL_FACTOR = 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,8 +365,10 @@ class Probe:
         return self.trials[micro]
 
     def eval_size(self, micro: int) -> int:
-        auto = self.cfg.training.eval_micro_batch_size == "auto"
-        return EVAL_FACTOR * micro if auto else micro
+        """The evaluation micro-batch a training size must leave room for. An explicit size is
+        the user's: not probed here (its OOM halves evaluation only, never the training size)."""
+        setting = self.cfg.training.eval_micro_batch_size
+        return eval_micro_size(setting, micro) if setting == "auto" else micro
 
     def _estimate(self, micro: int, steps: int) -> float:
         if self.last is None:
