@@ -415,7 +415,7 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
         summary.update({f"initial_val_{m.name}": values[m.name] for m in run.task.metrics})
     meter = Throughput(run.device)
     window = Window(torch.zeros((), device=run.device))
-    profiler = StepProfiler(cfg.profiler, run.run_dir, run.device, run.dist.rank)
+    profiler = StepProfiler(cfg.profiler, run.run_dir, run.device, cfg.max_steps, run.dist.rank)
     bar = _progress(run)
     try:
         for step in range(run.start_step, cfg.max_steps):

@@ -18,11 +18,14 @@ TRACE_DIR = Path("tensorboard") / "profile"
 
 
 class StepProfiler:
-    """Records optimizer steps [start_step, start_step + steps) of this process."""
+    """Records optimizer steps [start_step, start_step + steps) of this process, cut at the
+    run's last step (so the summary names the steps really recorded)."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, device: torch.device, rank: int = 0):
+    def __init__(
+        self, cfg: DictConfig, run_dir: Path, device: torch.device, max_steps: int, rank: int = 0
+    ):
         self.first = int(cfg.start_step)
-        self.end = self.first + int(cfg.steps) if cfg.steps else self.first
+        self.end = min(self.first + int(cfg.steps), max_steps) if cfg.steps else self.first
         self.cfg = cfg
         self.trace_dir = run_dir / TRACE_DIR
         self.device = device

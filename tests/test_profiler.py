@@ -99,3 +99,15 @@ def test_a_window_of_profiled_steps_only_logs_its_loss_and_no_speed(tmp_path):
 def test_profiler_settings_are_validated(override, message):
     with pytest.raises(ConfigError, match=message):
         validate(compose([*TINY, "training.profiler.steps=2", override]))
+
+
+def test_a_window_past_the_last_step_is_reported_as_the_steps_recorded(tmp_path):
+    import torch
+    from omegaconf import OmegaConf
+
+    from app.profiling import StepProfiler
+
+    window = OmegaConf.create({"steps": 10, "start_step": 1})
+    profiler = StepProfiler(window, tmp_path, torch.device("cpu"), max_steps=3)
+    assert profiler.describe()["steps"] == [1, 3]  # steps 1 and 2: the run has no step 3
+    assert [profiler.covers(s) for s in range(4)] == [False, True, True, False]
