@@ -189,3 +189,55 @@ def test_run_logger_fans_out_and_drops_a_failing_sink(tmp_path, caplog):
         ("close", {"status": "completed"}),
     ]
     assert "broken is no longer written: no space left on device" in caplog.text
+
+
+def test_an_artifact_location_mlflow_cannot_store_to_is_refused_before_the_experiment(tmp_path):
+    pytest.importorskip("mlflow")
+    from app.checks import check_trackers
+    from app.config import ConfigError
+
+    db = tmp_path / "mlflow.db"
+    cfg = compose(
+        with_trackers(
+            tmp_path,
+            "tracking.wandb.enabled=false",
+            f"tracking.mlflow.tracking_uri=sqlite:///{db}",
+            "tracking.mlflow.artifact_location=bogus://zz",
+        )
+    )
+    with pytest.raises(
+        ConfigError, match=r"^tracking.mlflow.artifact_location='bogus://zz': .*bogus"
+    ):
+        check_trackers(cfg)
+    assert not db.exists()  # no experiment was created with it
+    cfg.tracking.mlflow.artifact_location = str(tmp_path / "artifacts")
+    check_trackers(cfg)  # a local directory is fine
+
+
+def test_an_unreachable_mlflow_server_is_one_line_within_seconds(tmp_path, monkeypatch):
+    """MLflow's own defaults retry a refused connection for minutes (SIGTERM waits too)."""
+    pytest.importorskip("mlflow")
+    import os
+    import time
+
+    from app.config import ConfigError
+    from app.tracking import build_sinks
+    from app.tracking.mlflow_sink import HTTP_LIMITS
+
+    for name in HTTP_LIMITS:
+        monkeypatch.delenv(name, raising=False)
+    cfg = compose(
+        with_trackers(
+            tmp_path,
+            "tracking.wandb.enabled=false",
+            "tracking.mlflow.tracking_uri=http://127.0.0.1:9",  # the discard port: refused
+        )
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConfigError, match=r"^tracking\.mlflow: could not start: "):
+            build_sinks(cfg, tmp_path / "run")
+    finally:
+        for name in HTTP_LIMITS:
+            os.environ.pop(name, None)
+    assert time.monotonic() - started < 60  # MLflow's defaults: about 4.5 minutes

@@ -41,6 +41,12 @@ def check_trackers(cfg: DictConfig) -> None:
                 f'pip install "hydratrain[{extra}]" (in a checkout: pip install -e ".[{extra}]"), '
                 f"or tracking.{key}.enabled=false"
             )
+    if tracking is not None and tracking.mlflow.enabled and tracking.mlflow.artifact_location:
+        from app.tracking.mlflow_sink import check_artifact_location
+
+        location = str(tracking.mlflow.artifact_location)
+        if (why := check_artifact_location(location)) is not None:
+            raise ConfigError(f"tracking.mlflow.artifact_location={location!r}: {why}")
 
 
 def build_sinks(cfg: DictConfig, run_dir: Path) -> list[Sink]:

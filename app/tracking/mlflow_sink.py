@@ -8,6 +8,7 @@ store is in maintenance mode and refused by MLflow 3 unless MLFLOW_ALLOW_FILE_ST
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -17,6 +18,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from app.tracking.base import COMPLETED, STOPPED, Sink
 
+# A tracking server that is down must not stall training: MLflow's own defaults (7 retries,
+# backoff factor 2, 120 s timeouts) wait minutes per call, SIGTERM included. A user's own
+# MLFLOW_HTTP_REQUEST_* variables win.
+HTTP_LIMITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+# Artifact schemes served through the tracking server: checked by the server, not here.
+_SERVER_SCHEMES = {"mlflow-artifacts", "http", "https"}
 PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 PARAM_VALUE_CHARS = 500  # the smallest limit across MLflow versions (6000 since 2.x)
 _NOT_IN_A_KEY = re.compile(r"[^\w./ -]")  # MLflow keys: alphanumerics, _ - . / and spaces
@@ -28,6 +39,8 @@ class MlflowSink(Sink):
     def __init__(self, cfg: DictConfig, run_name: str, tags: dict[str, str]) -> None:
         from mlflow.tracking import MlflowClient
 
+        for name, value in HTTP_LIMITS.items():
+            os.environ.setdefault(name, value)
         uri = resolve_tracking_uri(cfg.tracking_uri)
         self._client = MlflowClient(tracking_uri=uri)
         experiment = self._experiment_id(cfg.experiment, artifact_location(cfg, uri))
@@ -93,6 +106,23 @@ def artifact_location(cfg: DictConfig, uri: str) -> str | None:
         return str(cfg.artifact_location)
     if uri.startswith("sqlite:///"):
         return (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
+    return None
+
+
+def check_artifact_location(location: str) -> str | None:
+    """Why MLflow cannot store artifacts at `location` (no repository for its scheme, or its
+    library missing), or None. Checked before the experiment is created: MLflow keeps an
+    experiment's artifact location for good."""
+    from urllib.parse import urlparse
+
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    if urlparse(location).scheme in _SERVER_SCHEMES:
+        return None
+    try:
+        get_artifact_repository(location)
+    except Exception as exc:  # MlflowException (unknown scheme), ImportError (its client)
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return None
 
 
