@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from app import checkpoint as ckpt
+from app import run_dir_guard
 from app.batch.faults import FaultInjector
 from app.batch.plan import BatchPlan, eval_micro_size, fixed_plan
 from app.batch.probe import auto_plan, oom_listener, plan_scalars
@@ -76,6 +77,7 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             run = build_run(ctx, run_dir, state, observers)
             summary.update(describe_run(run, ctx))
             print_banner(summary, ctx, run)
+            run_dir_guard.disarm()  # from here on, what the run writes is its own
             train(run, summary)
             if cfg.training.export and dist.is_main:
                 summary["export_dir"] = str(
@@ -97,7 +99,9 @@ def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
 
 
 def already_complete(done: AlreadyComplete, run_dir: Path, cfg: DictConfig, dist) -> dict:
-    """Resuming a finished run: say so, write nothing, return what the run left."""
+    """Resuming a finished run: say so, write nothing (Hydra's rewrite of .hydra/ undone),
+    return what the run left."""
+    run_dir_guard.restore_after_refusal()
     if dist.is_main:
         print(f"done       {done}", flush=True)
     shutdown(dist)

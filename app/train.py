@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from app.config import ConfigError, register_configs
 from app.outcomes import RunOutcome
 from app.preflight import preflight
+from app.run_dir_guard import restore_after_refusal
 
 register_configs()
 
@@ -33,6 +34,8 @@ def main(cfg: DictConfig) -> float | list[float]:
     except (ConfigError, RunOutcome) as exc:
         if hc.mode == RunMode.MULTIRUN:
             raise  # the sweeper maps it to the trial's state, with this message
+        if isinstance(exc, ConfigError):
+            restore_after_refusal()  # what Hydra and the loggers wrote before the refusal
         end_with_one_line(exc)
     return objective_value(summary, cfg.objective)
 

@@ -242,6 +242,31 @@ def test_bad_run_input_is_one_line_and_touches_nothing(
     assert not (scratch / "run-cache").exists()  # no data was tokenized either
 
 
+# Refusals that need the data or a tracker, so come after Hydra has written .hydra/ and its log
+# into the run directory: app/run_dir_guard.py puts that back.
+NLI = ["gpu=cpu", "experiment=nli_tiny", "training.micro_batch_size=2", "training.max_steps=3"]
+LATE_CASES = [
+    ("nli-label-column", [*NLI, "data.label_column=lbl"], "data.label_column='lbl'"),
+    ("nli-labels", [*NLI, "task.labels=[a,b,c]"], "task.labels"),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"), [c[1:] for c in LATE_CASES], ids=[c[0] for c in LATE_CASES]
+)
+@pytest.mark.parametrize("target", ["finished", "new"])
+def test_a_refusal_after_hydra_started_leaves_the_run_dir_as_it_was(
+    overrides, needle, target, scratch, monkeypatch, capsys
+):
+    run_dir = scratch / "run" if target == "finished" else scratch / "new" / "run"
+    before = _snapshot(run_dir)
+    argv = [f"data.cache_dir={scratch / 'c'}", f"hydra.run.dir={run_dir}", *overrides]
+    code, _, err = _invoke(argv, monkeypatch, capsys)
+    _assert_one_line(code, err, needle)
+    assert _snapshot(run_dir) == before
+    assert run_dir.exists() == (target == "finished")
+
+
 SWEEP_CASES = [
     ("trials-zero", ["hpo.n_trials=0"], "hpo.n_trials=0"),
     ("direction", ["hpo.direction=up"], "hpo.direction='up'"),
