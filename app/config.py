@@ -291,6 +291,8 @@ def validate(cfg: DictConfig) -> None:
     _one_of("gpu.device_type", cfg.gpu.device_type, ("auto", "cuda", "cpu"))
     _validate_preset_precision(cfg.gpu, cfg.precision.name)
     _validate_task_fit(cfg.task.name, cfg.model, cfg.data)
+    _validate_labels(cfg.task.labels)
+    _validate_builtin_columns(cfg.task.name, cfg.data)
     _validate_model(cfg.model, cfg.data, sequence_key(cfg.task.name))
     _validate_data(cfg.data)
     _validate_training(cfg.training)
@@ -332,6 +334,42 @@ def _validate_task_fit(task: str, m: DictConfig, d: DictConfig) -> None:
             f"data.source={d.source!r} does not serve task={task}; choose one of: "
             f"{', '.join(sources)}"
         )
+
+
+def _validate_labels(labels: Any) -> None:
+    """task.labels are the classes' names in id order: a name given twice would map two ids to
+    one name (the export's label2id keeps only the last)."""
+    if not labels:
+        return
+    names = [str(n) for n in labels]
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise ConfigError(
+            f"task.labels={names} names {twice[0]!r} more than once; allowed: distinct names"
+        )
+    if len(names) < 2:
+        raise ConfigError(f"task.labels={names} names one label; allowed: at least 2")
+
+
+def _validate_builtin_columns(task: str, d: DictConfig) -> None:
+    """task=classification with data.source=builtin reads the built-in NLI corpus: a column it
+    lacks most often means a causal-LM data config (data=tiny_corpus, the default) was kept."""
+    if task != "classification" or d.source != "builtin":
+        return
+    from app.data.nli_corpus import COLUMNS
+
+    wanted = [
+        ("data.text_column", d.text_column),
+        ("data.text_pair_column", d.text_pair_column),
+        ("data.label_column", d.label_column),
+    ]
+    for key, column in wanted:
+        if column is not None and column not in COLUMNS:
+            raise ConfigError(
+                f"{key}={column!r} is not a column of the built-in NLI corpus that data={d.name} "
+                f"gives task=classification ({', '.join(COLUMNS)}); labelled data: data=tiny_nli, "
+                "data=mnli, or data.source=datasets with your files"
+            )
 
 
 def _validate_model(m: DictConfig, d: DictConfig, seq_key: str) -> None:

@@ -8,10 +8,12 @@ Sources (`data.source`):
   `data.dataset_config`, `data.train_split`, `data.val_split`), opened by app/data/sources.py.
 
 Columns are configurable (`data.text_column`, `data.text_pair_column` (null for single texts),
-`data.label_column`). Labels may be strings or ints: `task.labels` fixes the names and their
-order; without it a ClassLabel feature's names are used, else the sorted string labels of the
-train split, else 0..max. A split that is missing is held out from train by
-`data.val_fraction`. Rows are tokenized once (Dataset.map, batched) and cached as tensors.
+`data.label_column`). Text columns must hold strings; rows with a null text are dropped (with a
+warning), as for causal LM. The train split must hold at least 2 labels. Labels may be strings
+or ints: `task.labels` fixes the names and their order; without it a ClassLabel feature's names
+are used, else the sorted string labels of the train split, else 0..max. A split that is missing
+is held out from train by `data.val_fraction`. Rows are tokenized once (Dataset.map, batched)
+and cached as tensors.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from omegaconf import DictConfig
 
 from app.atomic import atomic_write, atomic_write_text
 from app.data.padded import PaddedRows, pad_rows
-from app.data.sources import dataset_identity, map_processes, open_rows, require_columns
+from app.data.sources import (
+    dataset_identity,
+    map_processes,
+    open_rows,
+    require_columns,
+    text_rows,
+)
 from app.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,7 @@ def load_labelled(data_cfg: DictConfig, labels: list[str] | None) -> LabelledDat
     check_columns(data_cfg, train_rows, "train")
     check_columns(data_cfg, val_rows, "validation")
     names = label_names(data_cfg, train_rows, features, labels)
+    check_classes(data_cfg, train_rows)
     tokenizer = load_pair_tokenizer(data_cfg, train_rows)
     key = _cache_key(data_cfg, names, tokenizer)
     path = Path(data_cfg.cache_dir) / f"labelled-{key}.pt"
@@ -99,10 +108,18 @@ def read_splits(data_cfg: DictConfig) -> tuple[Any, Any, Any]:
         train, val = hold_out(rows, data_cfg)
         return train, val, rows.features
     found = open_rows(data_cfg)
+    train = usable_rows(data_cfg, found.train, "train")  # before holding out: one warning
     if found.val is None:
-        train, val = hold_out(found.train, data_cfg)
+        train, val = hold_out(train, data_cfg)
         return train, val, found.features
-    return found.train, found.val, found.features
+    return train, usable_rows(data_cfg, found.val, "validation"), found.features
+
+
+def usable_rows(data_cfg: DictConfig, rows: Any, split: str) -> Any:
+    """Rows read from files or a dataset, checked (columns there, texts strings), less those
+    with a null text."""
+    check_columns(data_cfg, rows, split)
+    return text_rows(rows, text_columns(data_cfg), split)
 
 
 def hold_out(rows: Any, data_cfg: DictConfig) -> tuple[Any, Any]:
@@ -120,12 +137,14 @@ def check_columns(data_cfg: DictConfig, rows: Any, split: str) -> None:
 
 def wanted_columns(data_cfg: DictConfig) -> list[tuple[str, str]]:
     """(setting, column) pairs a labelled row must have."""
-    wanted = [
-        ("data.text_column", data_cfg.text_column),
-        ("data.label_column", data_cfg.label_column),
-    ]
+    return [*text_columns(data_cfg), ("data.label_column", data_cfg.label_column)]
+
+
+def text_columns(data_cfg: DictConfig) -> list[tuple[str, str]]:
+    """(setting, column) pairs of the texts: the text, and the second text of a pair."""
+    wanted = [("data.text_column", data_cfg.text_column)]
     if data_cfg.text_pair_column:
-        wanted.insert(1, ("data.text_pair_column", data_cfg.text_pair_column))
+        wanted.append(("data.text_pair_column", data_cfg.text_pair_column))
     return wanted
 
 
@@ -150,6 +169,17 @@ def label_names(
         f"data.label_column={data_cfg.label_column!r} holds {sorted(map(repr, values))[:5]}: "
         "labels must be strings or integers >= 0 (set task.labels to name them)"
     )
+
+
+def check_classes(data_cfg: DictConfig, train: Any) -> None:
+    """A single class trains to loss 0 and accuracy 1 from the first step: nothing is learned."""
+    column = data_cfg.label_column
+    present = {v for v in label_values(train, column) if v != UNLABELLED}
+    if len(present) < 2:
+        held = f"one label ({present.pop()!r})" if present else "no label"
+        raise ConfigError(
+            f"data.label_column={column!r} holds {held} in the training split; allowed: at least 2"
+        )
 
 
 def label_values(rows: Any, column: str) -> list[Any]:
@@ -249,7 +279,7 @@ def _texts(data_cfg: DictConfig, rows: Any) -> list[str]:
     texts = list(rows[data_cfg.text_column])
     if data_cfg.text_pair_column:
         texts += list(rows[data_cfg.text_pair_column])
-    return [str(t) for t in texts]
+    return texts  # strings: text_rows checked the columns and dropped null texts
 
 
 def tokenize_rows(
@@ -269,8 +299,8 @@ def tokenize_rows(
     pair = data_cfg.text_pair_column
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        first = [str(t) for t in batch[data_cfg.text_column]]
-        second = [str(t) for t in batch[pair]] if pair else None
+        first = batch[data_cfg.text_column]  # strings: text_rows checked them
+        second = batch[pair] if pair else None
         out = tokenizer(
             first,
             second,

@@ -1,7 +1,8 @@
 """Causal LM text from rows read through `datasets` (`data.source=datasets`): one document per row.
 
 The rows come from app/data/sources.py (JSONL/CSV/Parquet files, a save_to_disk directory or a
-hub name); `data.text_column` names the text. Without a validation split, `data.val_fraction` of
+hub name); `data.text_column` names the text, a column of strings (rows where it is null are
+dropped, with a warning). Without a validation split, `data.val_fraction` of
 the rows is held out (a single row is cut in two, as a single text file is). Each split is
 tokenized with Dataset.map, batched, in `data.map_num_proc` processes, and flattened into one
 token stream with the end-of-document token after each row; app/data/tokens.py packs and caches it.
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from app.data.sources import map_processes, open_rows, require_columns
+from app.data.sources import map_processes, open_rows, require_columns, text_rows
 from app.data.tokens import TextTokenizer, TokenStreams, load_tokenizer, split_document
 from app.validation import ConfigError
 
@@ -36,17 +37,19 @@ def row_token_streams(cfg: DictConfig) -> TokenStreams:
 def text_splits(cfg: DictConfig) -> tuple[Any, Any]:
     """(train, validation) `Dataset`s, each checked to be non-empty and to have the text column."""
     rows = open_rows(cfg)
-    check_text_rows(cfg, rows.train, "train")
+    train = check_text_rows(cfg, rows.train, "train")
     if rows.val is None:
-        return hold_out_rows(rows.train, cfg)
-    check_text_rows(cfg, rows.val, "validation")
-    return rows.train, rows.val
+        return hold_out_rows(train, cfg)
+    return train, check_text_rows(cfg, rows.val, "validation")
 
 
-def check_text_rows(cfg: DictConfig, rows: Any, split: str) -> None:
+def check_text_rows(cfg: DictConfig, rows: Any, split: str) -> Any:
+    """`rows` checked (not empty, a text column of strings), less those with a null text."""
     if len(rows) == 0:
         raise ConfigError(f"data: the {split} split is empty")
-    require_columns(rows.column_names, [("data.text_column", cfg.text_column)], split)
+    wanted = [("data.text_column", cfg.text_column)]
+    require_columns(rows.column_names, wanted, split)
+    return text_rows(rows, wanted, split)
 
 
 def hold_out_rows(rows: Any, cfg: DictConfig) -> tuple[Any, Any]:
@@ -55,7 +58,7 @@ def hold_out_rows(rows: Any, cfg: DictConfig) -> tuple[Any, Any]:
         return parts["train"], parts["test"]
     import datasets
 
-    head, tail = split_document(_text(rows[0][cfg.text_column]), cfg.val_fraction, cfg.seq_len)
+    head, tail = split_document(rows[0][cfg.text_column], cfg.val_fraction, cfg.seq_len)
     column = cfg.text_column
     return datasets.Dataset.from_dict({column: [head]}), datasets.Dataset.from_dict(
         {column: [tail]}
@@ -67,7 +70,7 @@ def encode_rows(rows: Any, column: str, tok: TextTokenizer, num_proc: Any) -> to
     eos = [] if tok.eos_id is None else [tok.eos_id]
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        ids = tok.encode_batch([_text(t) for t in batch[column]])
+        ids = tok.encode_batch(batch[column])  # strings: text_rows checked the column
         return {"input_ids": [doc + eos for doc in ids]}
 
     # A file-backed dataset caches the result under its fingerprint: a second run maps nothing.
@@ -85,9 +88,4 @@ def encode_rows(rows: Any, column: str, tok: TextTokenizer, num_proc: Any) -> to
 
 def text_batches(rows: Any, column: str) -> Iterator[list[str]]:
     for batch in rows.iter(batch_size=BATCH_ROWS):
-        yield [_text(t) for t in batch[column]]
-
-
-def _text(value: Any) -> str:
-    # A missing value (null in JSONL, an empty CSV cell) is an empty document, not "None".
-    return "" if value is None else str(value)
+        yield batch[column]

@@ -25,6 +25,7 @@ from app.data.corpus import _FOODS, _PLACES, _TIMES, _TRAITS, _WORLD, _Entity
 
 NLI_VERSION = 2  # bump when the generator changes: app/data/labelled.py keys its cache with it
 LABELS = ("entailment", "neutral", "contradiction")  # MNLI's order
+COLUMNS = ("premise", "hypothesis", "label")  # each generated row's keys
 # Negations are contradictions when their kind of fact is stated and neutral when it is not, so
 # a "not" alone tells nothing. Most contradictions are negations: a tiny model learns to check
 # which kinds are stated within a minute, while matching values across the texts takes it much

@@ -12,6 +12,9 @@ from __future__ import annotations
 import glob
 import logging
 import os
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,11 @@ FILE_FORMATS = {
 }
 # Below this many rows one process tokenizes faster than several can start (data.map_num_proc=auto).
 PARALLEL_MAP_ROWS = 100_000
+# Bump when what a task gets from the same rows changes (2: rows with a null text are dropped, not
+# read as "" or "None"): the tasks' caches key on dataset_identity, which includes it.
+ROWS_VERSION = 2
+# Arrow types a text column may have; "null" is a column with no value at all (every row dropped).
+TEXT_DTYPES = ("string", "large_string", "null")
 
 
 @dataclass
@@ -65,9 +73,33 @@ def expand_paths(patterns: list[str], key: str = "data.paths") -> list[str]:
             if os.path.isfile(m)
         ]
         if not matches:
-            raise ConfigError(f"{key}: no file matches {pattern!r}")
+            raise ConfigError(f"{key}: no file matches {pattern!r}{_directory_hint(pattern)}")
         files.update(matches)
     return sorted(files)
+
+
+def _directory_hint(pattern: str) -> str:
+    """A directory is not a file list: suggest the glob that most likely means its files."""
+    path = Path(pattern).expanduser()
+    if not path.is_dir():
+        return ""
+    suffixes = Counter(p.suffix for p in path.iterdir() if p.is_file() and p.suffix)
+    suffix = suffixes.most_common(1)[0][0] if suffixes else ".jsonl"
+    return f" (a directory); give a glob such as '{path / ('*' + suffix)}'"
+
+
+@contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """`datasets` logs a read failure ("Failed to load JSON from file ...") before raising it;
+    the one `error:` line made of the exception is all the user should see."""
+    from datasets.utils import logging as datasets_logging
+
+    before = datasets_logging.get_verbosity()
+    datasets_logging.set_verbosity(datasets_logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets_logging.set_verbosity(before)
 
 
 def file_fingerprints(files: list[str]) -> list[list[Any]]:
@@ -98,11 +130,38 @@ def read_files(fs: FileSet) -> Any:
 
     datasets.disable_progress_bars()
     try:
-        return datasets.load_dataset(fs.builder, data_files=fs.files, split="train", **fs.options)
-    except Exception as exc:  # a malformed file: the library's message, one line
-        raise ConfigError(
-            f"{fs.key}: cannot read {fs.files[0]} as {fs.builder} ({first_line(exc)})"
-        ) from None
+        with quiet_datasets():
+            return datasets.load_dataset(
+                fs.builder, data_files=fs.files, split="train", **fs.options
+            )
+    except Exception as exc:  # a malformed file, or files that disagree: which one, and why
+        raise read_error(fs, exc) from None
+
+
+def read_error(fs: FileSet, exc: BaseException) -> ConfigError:
+    """The library's error names neither the file at fault nor, for files whose columns differ,
+    the cause ("An error occurred while generating the dataset"): read each file alone to say."""
+    columns: dict[str, list[str]] = {}
+    for f in fs.files:
+        try:
+            columns[f] = list(first_row(_one_file(fs, f)) or {})
+        except ConfigError as unreadable:  # names this file
+            return unreadable
+    first = fs.files[0]
+    for f in fs.files[1:]:
+        if set(columns[f]) != set(columns[first]):
+            return ConfigError(
+                f"{fs.key}: {f} has columns {', '.join(columns[f]) or '(none)'}, not those of "
+                f"{first} ({', '.join(columns[first]) or '(none)'}); give files with the same "
+                "columns"
+            )
+    cause = exc.__cause__ or exc  # DatasetGenerationError wraps the reader's own error
+    where = first if len(fs.files) == 1 else f"{len(fs.files)} files ({first}, ...)"
+    return ConfigError(f"{fs.key}: cannot read {where} as {fs.builder} ({first_line(cause)})")
+
+
+def _one_file(fs: FileSet, f: str) -> FileSet:
+    return FileSet([f], fs.builder, fs.options, fs.key, fs.split)
 
 
 def first_row(fs: FileSet) -> dict[str, Any] | None:
@@ -110,10 +169,11 @@ def first_row(fs: FileSet) -> dict[str, Any] | None:
     import datasets
 
     try:
-        stream = datasets.load_dataset(
-            fs.builder, data_files=fs.files, split="train", streaming=True, **fs.options
-        )
-        return next(iter(stream), None)
+        with quiet_datasets():
+            stream = datasets.load_dataset(
+                fs.builder, data_files=fs.files, split="train", streaming=True, **fs.options
+            )
+            return next(iter(stream), None)
     except StopIteration:  # what the JSON reader raises for a file of blank lines
         return None
     except Exception as exc:
@@ -144,9 +204,10 @@ def open_dataset(name: str, config: str | None) -> Any:
             "in data.paths)"
         )
     try:
-        if path.is_dir():
-            return datasets.load_from_disk(str(path))
-        return datasets.load_dataset(name, config)
+        with quiet_datasets():
+            if path.is_dir():
+                return datasets.load_from_disk(str(path))
+            return datasets.load_dataset(name, config)
     except Exception as exc:
         raise ConfigError(
             f"data.dataset={name!r} could not be opened ({first_line(exc)}); give a directory "
@@ -205,9 +266,62 @@ def require_columns(columns: list[str], wanted: list[tuple[str, str]], split: st
             )
 
 
+def text_rows(rows: Any, wanted: list[tuple[str, str]], split: str) -> Any:
+    """`rows` with text in every (setting, column) of `wanted`: a column of another type is
+    refused, rows with a null text are dropped with a warning. Call before holding out a split."""
+    for key, column in wanted:
+        check_text_type(rows.features[column], key, column, split)
+    return drop_null_texts(rows, wanted, split)
+
+
+def check_text_type(feature: Any, key: str, column: str, split: str) -> None:
+    """From the schema, not the rows: str() of a number or a list would train on nonsense."""
+    if getattr(feature, "dtype", None) in TEXT_DTYPES:  # a ClassLabel's dtype is int64
+        return
+    raise ConfigError(
+        f"{key}={column!r} holds {feature_type(feature)} values in the {split} split; allowed: "
+        "a column of strings"
+    )
+
+
+def feature_type(feature: Any) -> str:
+    """A column's type in a few words: int64, list of string, class label, struct."""
+    if hasattr(feature, "names"):  # ClassLabel: ints with names
+        return "class label"
+    if hasattr(feature, "feature"):  # List, LargeList, Sequence
+        return f"list of {feature_type(feature.feature)}"
+    if isinstance(feature, dict):
+        return "struct"
+    return str(getattr(feature, "dtype", type(feature).__name__))
+
+
+def drop_null_texts(rows: Any, wanted: list[tuple[str, str]], split: str) -> Any:
+    """Rows whose text is null (JSON null, an empty CSV cell) carry no text: dropped, counted
+    in a warning, the same in every task, rather than read as "" or as "None"."""
+    columns = [column for _, column in wanted]
+    if not any(rows.data.column(c).null_count for c in columns):  # Arrow's count: no scan
+        return rows
+    kept = rows.filter(
+        lambda *texts: [all(t is not None for t in row) for row in zip(*texts, strict=True)],
+        input_columns=columns,
+        batched=True,
+    )
+    named = " or ".join(f"{key}={column!r}" for key, column in wanted)
+    if len(kept) == 0:
+        raise ConfigError(f"{named}: every row of the {split} split has a null text")
+    if len(kept) < len(rows):
+        log.warning("%s split: %d rows with a null %s dropped", split, len(rows) - len(kept), named)
+    return kept
+
+
 def dataset_identity(data_cfg: DictConfig) -> dict[str, Any]:
     """What determines the rows: files by path, size and modification time; a saved dataset by
-    the same of the files save_to_disk wrote (its arrow data and state); a hub name by name."""
+    the same of the files save_to_disk wrote (its arrow data and state); a hub name by name;
+    and ROWS_VERSION, how they are read."""
+    return {"rows_version": ROWS_VERSION, **_dataset_identity(data_cfg)}
+
+
+def _dataset_identity(data_cfg: DictConfig) -> dict[str, Any]:
     if data_cfg.dataset:
         return {
             "dataset": str(data_cfg.dataset),
