@@ -180,6 +180,8 @@ def one_line(exc: BaseException, config_name: str = "train") -> str:
         parent = key.rpartition(".")[0]
         allowed = _keys_of(config_name, parent)
         return f"{key}: no such setting{' in ' + parent if parent else ''}; known keys: {allowed}"
+    if key and "is not Optional" in text:  # OmegaConf: "field 'a.b' is not Optional"
+        return f"{key}=null is not allowed; give a value (see --cfg job for its default)"
     if key:
         return f"{key}: {text}"
     return _first_line(exc)

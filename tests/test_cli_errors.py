@@ -62,6 +62,12 @@ def test_wrong_type_names_the_key():
     assert one_line(exc.value).startswith("training.max_steps:")
 
 
+def test_null_for_a_setting_that_needs_a_value_says_so():
+    with pytest.raises(Exception) as exc:
+        compose(["training.host_malloc=null"])
+    assert one_line(exc.value).startswith("training.host_malloc=null is not allowed; give a value")
+
+
 def test_split_argv_skips_hydra_flags_and_multirun():
     inv = split_argv(["--cfg", "job", "gpu=cpu", "hydra.run.dir=x"])
     assert (inv.config_name, inv.overrides, inv.hydra_overrides) == (
