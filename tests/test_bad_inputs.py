@@ -246,7 +246,11 @@ def test_bad_run_input_is_one_line_and_touches_nothing(
 # into the run directory: app/run_dir_guard.py puts that back.
 NLI = ["gpu=cpu", "experiment=nli_tiny", "training.micro_batch_size=2", "training.max_steps=3"]
 LATE_CASES = [
-    ("nli-label-column", [*NLI, "data.label_column=lbl"], "data.label_column='lbl'"),
+    (
+        "one-class",
+        [*NLI, "data=hf_text", "data.paths=[{tmp}/one_class.jsonl]", "data.text_pair_column=hyp"],
+        "holds one label ('yes') in the training split",
+    ),
     ("nli-labels", [*NLI, "task.labels=[a,b,c]"], "task.labels"),
 ]
 
@@ -260,7 +264,13 @@ def test_a_refusal_after_hydra_started_leaves_the_run_dir_as_it_was(
 ):
     run_dir = scratch / "run" if target == "finished" else scratch / "new" / "run"
     before = _snapshot(run_dir)
-    argv = [f"data.cache_dir={scratch / 'c'}", f"hydra.run.dir={run_dir}", *overrides]
+    rows = [f'{{"text": "premise {i}", "hyp": "h {i}", "label": "yes"}}' for i in range(40)]
+    (scratch / "one_class.jsonl").write_text("\n".join(rows) + "\n")
+    argv = [
+        f"data.cache_dir={scratch / 'c'}",
+        f"hydra.run.dir={run_dir}",
+        *(o.format(tmp=scratch) for o in overrides),
+    ]
     code, _, err = _invoke(argv, monkeypatch, capsys)
     _assert_one_line(code, err, needle)
     assert _snapshot(run_dir) == before
