@@ -249,11 +249,10 @@ def check_out(out: Path, checkpoint: Path, name: str) -> None:
         raise ExportError(
             f"{label} is the run directory; give a new directory, e.g. {out / EXPORT_DIR}"
         )
-    for kept in (checkpoint, checkpoint.parent):
-        if kept.resolve().is_relative_to(where):  # out is, or holds, what is exported
-            raise ExportError(
-                f"{label} would replace {kept}, the checkpoint's; give another directory"
-            )
+    if checkpoint.resolve().is_relative_to(where):  # out is it, its directory or above
+        raise ExportError(
+            f"{label} is or holds the checkpoint {checkpoint}; give another directory"
+        )
     if checkpoint.parent != run_dir and where.is_relative_to(checkpoint.parent.resolve()):
         raise ExportError(f"{label} is inside the checkpoints directory; give another directory")
     if out.exists() and not out.is_dir():

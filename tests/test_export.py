@@ -211,10 +211,10 @@ def _one_line_error(capsys, *args: str) -> str:
     ("out", "needle"),
     [
         ("run", "is the run directory"),
-        ("run/checkpoints", "would replace run/checkpoints"),
-        ("run/checkpoints/step_00000006.pt", "would replace run/checkpoints/step_00000006.pt"),
+        ("run/checkpoints", "is or holds the checkpoint run/checkpoints/step_00000006.pt"),
+        ("run/checkpoints/step_00000006.pt", "is or holds the checkpoint"),
         ("run/checkpoints/new", "is inside the checkpoints directory"),
-        (".", "would replace run/checkpoints"),  # holds the run
+        (".", "is or holds the checkpoint"),  # holds the run
         ("run/summary.json", "is a file"),
         ("run/summary.json/x", "run/summary.json is not a directory"),
         ("run/tensorboard", "is a directory that is not an earlier export"),
