@@ -14,27 +14,58 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 from app.atomic import fsync_dir
 
 EXPORT_DIR = "model"
+# <run dir>/tokenizer: the tokenizer the run trained with, saved when it starts (checkpoints
+# record its fingerprint), so an export pairs the weights with it whatever the data is today.
+TOKENIZER_DIR = "tokenizer"
+# What save_pretrained writes for a model and its tokenizer: a directory holding config.json,
+# model.safetensors and nothing but these is an earlier export, which --out may replace.
+EXPORT_FILES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "chat_template.jinja",
+        "chat_template.json",
+        "vocab.json",
+        "merges.txt",
+        "vocab.txt",
+        "tokenizer.model",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+    }
+)
+_SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 
 
 def write_export(model: Any, tokenizer: Any | None, out: Path) -> Path:
     """Write `model` (unwrapped: no DDP, no torch.compile) and `tokenizer` to `out`."""
-    out = Path(out)
+    return write_dir(Path(out), lambda tmp: save_files(model, tokenizer, tmp))
+
+
+def write_dir(out: Path, fill: Callable[[Path], None]) -> Path:
+    """`out` as `fill` writes it, complete or absent: filled beside it, then renamed in."""
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
     tmp.mkdir()  # not mkdtemp: its 0700 would outlive the rename
     try:
-        save_files(model, tokenizer, tmp)
+        fill(tmp)
         _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -133,6 +164,36 @@ def export_run(model: Any, task: Any, data_cfg: Any, run_dir: Path) -> Path:
         ) from None
 
 
+def save_run_tokenizer(tokenizer: Any | None, run_dir: Path) -> str | None:
+    """Save the run's tokenizer to <run dir>/tokenizer (once: kept while its fingerprint is the
+    same, as on a resume) and return the fingerprint its checkpoints record; None when there is
+    nothing to save (synthetic ids, a slow tokenizer)."""
+    from app.data.hf_tokenizer import fingerprint
+    from app.outcomes import WriteFailed
+
+    found = None if tokenizer is None else fingerprint(tokenizer)
+    directory = run_dir / TOKENIZER_DIR
+    if found is None or saved_fingerprint(directory) == found:
+        return found
+    try:
+        write_dir(directory, lambda tmp: tokenizer.save_pretrained(tmp))
+    except OSError as exc:
+        raise WriteFailed(
+            f"could not write the run's tokenizer {directory} ({_first(exc)})"
+        ) from None
+    return found
+
+
+def saved_fingerprint(directory: Path) -> str | None:
+    """The fingerprint of the tokenizer saved in `directory`, None when there is none."""
+    from app.data.hf_tokenizer import fingerprint_json
+
+    try:
+        return fingerprint_json((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, AttributeError):  # absent, unreadable, not a JSON object
+        return None
+
+
 # ---------------------------------------------------------------------------------------------
 # From a checkpoint: python -m app.export <run dir | checkpoints/ | step_*.pt> [--out DIR]
 
@@ -145,10 +206,11 @@ def export_checkpoint(source: Path, out: Path | None = None) -> tuple[Path, Path
     """Rebuild the model a checkpoint holds from the config it records and export it;
     returns (the export, the checkpoint, its step)."""
     checkpoint = find_checkpoint(source)
+    target = out or default_out(checkpoint)
+    check_out(target, checkpoint, "--out" if out else "the default --out")
     state = load_state(checkpoint)
     cfg = run_config(checkpoint, state)
-    model, tokenizer = rebuild(cfg, checkpoint, state["model"])
-    target = out or default_out(checkpoint)
+    model, tokenizer = rebuild(cfg, checkpoint, state)
     try:
         write_export(model, tokenizer, target)
     except OSError as exc:
@@ -173,13 +235,63 @@ def find_checkpoint(source: Path) -> Path:
     )
 
 
+def check_out(out: Path, checkpoint: Path, name: str) -> None:
+    """Refuse, before any work, an export directory whose replacement would destroy what is
+    not an export: the run, its checkpoints, a file, a directory of other things."""
+    label = f"{name} {out}"
+    existing = next((p for p in out.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ExportError(f"{label}: {existing} is not a directory")
+    if out.is_symlink():
+        raise ExportError(f"{label} is a symbolic link; give the directory itself")
+    run_dir, where = run_dir_of(checkpoint), out.resolve()
+    if where == run_dir.resolve():
+        raise ExportError(
+            f"{label} is the run directory; give a new directory, e.g. {out / EXPORT_DIR}"
+        )
+    if checkpoint.resolve().is_relative_to(where):  # out is it, its directory or above
+        raise ExportError(
+            f"{label} is or holds the checkpoint {checkpoint}; give another directory"
+        )
+    if checkpoint.parent != run_dir and where.is_relative_to(checkpoint.parent.resolve()):
+        raise ExportError(f"{label} is inside the checkpoints directory; give another directory")
+    if out.exists() and not out.is_dir():
+        raise ExportError(
+            f"{label} is a file; give a new directory, an empty one or an earlier export"
+        )
+    if out.is_dir() and not is_earlier_export(out):
+        raise ExportError(
+            f"{label} is a directory that is not an earlier export (only config.json, "
+            "model.safetensors and the model's and tokenizer's files); give a new directory, an "
+            "empty one or an earlier export"
+        )
+
+
+def is_earlier_export(directory: Path) -> bool:
+    """Empty (nothing to lose), or config.json and model.safetensors (or its shards' index)
+    and nothing but files save_pretrained writes: no subdirectory, no other name."""
+    entries = list(directory.iterdir())
+    names = {e.name for e in entries}
+    if not names:
+        return True
+    has_weights = bool(names & {"model.safetensors", "model.safetensors.index.json"})
+    ours = all(
+        e.is_file() and not e.is_symlink() and (e.name in EXPORT_FILES or _SHARD.match(e.name))
+        for e in entries
+    )
+    return "config.json" in names and has_weights and ours
+
+
 def load_state(path: Path) -> dict[str, Any]:
     import torch
 
     try:  # weights_only: a checkpoint is data, never code to run
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:
-        raise ExportError(f"{path} is not a readable checkpoint ({type(exc).__name__})") from None
+        raise ExportError(
+            f"{path} is not a readable checkpoint (a step_*.pt this trainer writes under "
+            f"<run dir>/checkpoints; {type(exc).__name__})"
+        ) from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise ExportError(f"{path} holds no model state; it was not written by this trainer")
     return state
@@ -214,19 +326,81 @@ def run_config(checkpoint: Path, state: dict[str, Any]) -> Any:
     return cfg
 
 
-def rebuild(cfg: Any, checkpoint: Path, weights: dict[str, Any]) -> tuple[Any, Any | None]:
+def rebuild(cfg: Any, checkpoint: Path, state: dict[str, Any]) -> tuple[Any, Any | None]:
+    """The checkpoint's model, and the tokenizer it was trained with: its run's saved one when
+    the checkpoint's fingerprint matches it, else rebuilt from the data and checked."""
     from app.tasks import build_task
 
     task = build_task(cfg.task)
-    data = task.model_data(cfg.data)
+    recorded = state.get("tokenizer_sha256")
+    saved = run_tokenizer(checkpoint, recorded)
+    data = model_data(task, cfg.data, checkpoint, saved)
+    tokenizer = data.info.get("tokenizer")
+    if saved is None:
+        check_rebuilt(tokenizer, recorded, checkpoint)
     model = task.build_model(cfg.model, data)
     try:
-        model.load_state_dict(weights)
+        model.load_state_dict(state["model"])
     except (RuntimeError, KeyError) as exc:
         raise ExportError(
             f"{checkpoint}: its weights do not fit the model its config describes ({_first(exc)})"
         ) from None
-    return model, data.info.get("tokenizer")
+    return model, tokenizer
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    parent = checkpoint.parent
+    return parent.parent if parent.name == "checkpoints" else parent
+
+
+def run_tokenizer(checkpoint: Path, recorded: Any) -> Any | None:
+    """The run's saved tokenizer if it is the one the checkpoint records, else None."""
+    from transformers import AutoTokenizer
+
+    directory = run_dir_of(checkpoint) / TOKENIZER_DIR
+    if not isinstance(recorded, str) or saved_fingerprint(directory) != recorded:
+        return None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except Exception as exc:  # its other files damaged: IO and parse errors alike
+        raise ExportError(
+            f"{directory}: the run's tokenizer cannot be loaded ({_first(exc)})"
+        ) from None
+    # How it was loaded, not what it is: transformers would write these into the export's
+    # tokenizer_config.json, which the end-of-run export (from memory) does not have.
+    for key in ("is_local", "local_files_only"):
+        tokenizer.init_kwargs.pop(key, None)
+    return tokenizer
+
+
+def model_data(task: Any, data_cfg: Any, checkpoint: Path, saved: Any | None) -> Any:
+    from app.validation import ConfigError
+
+    try:
+        return task.model_data(data_cfg, saved)
+    except ConfigError as exc:
+        if saved is not None:
+            raise
+        raise ExportError(
+            f"{checkpoint}: the export rebuilds the tokenizer from the training data because "
+            f"the run directory holds no saved tokenizer of this checkpoint, and needs it: {exc}"
+        ) from None
+
+
+def check_rebuilt(tokenizer: Any | None, recorded: Any, checkpoint: Path) -> None:
+    """A tokenizer rebuilt from today's data must be the one the checkpoint was trained with
+    (checkpoints from before the fingerprint cannot tell: they are trusted, as they were)."""
+    from app.data.hf_tokenizer import fingerprint
+
+    if not isinstance(recorded, str) or tokenizer is None:
+        return
+    if fingerprint(tokenizer) != recorded:
+        saved = run_dir_of(checkpoint) / TOKENIZER_DIR
+        raise ExportError(
+            f"{checkpoint}: the tokenizer rebuilt from the training data today is not the one "
+            f"the run trained with (sha256 {recorded[:12]}), and {saved} does not hold it; "
+            "restore that directory or the training data as it was"
+        )
 
 
 def default_out(checkpoint: Path) -> Path:
@@ -234,8 +408,7 @@ def default_out(checkpoint: Path) -> Path:
     it never replaces the export of the finished run."""
     from app import checkpoint as ckpt
 
-    parent = checkpoint.parent
-    run_dir = parent.parent if parent.name == "checkpoints" else parent
+    parent, run_dir = checkpoint.parent, run_dir_of(checkpoint)
     latest = ckpt.list_checkpoints(parent)
     if latest and latest[-1].resolve() == checkpoint.resolve():
         return run_dir / EXPORT_DIR
@@ -265,7 +438,14 @@ def main(argv: list[str] | None = None) -> None:
         description="Write a checkpoint's model and tokenizer in Hugging Face format.",
     )
     parser.add_argument("source", help="a run directory, its checkpoints/ or a step_*.pt file")
-    parser.add_argument("--out", help="the export directory (default: <run dir>/model)")
+    parser.add_argument(
+        "--out",
+        help="the export directory (default: <run dir>/model): a new path, an empty directory "
+        "or an earlier export, which is replaced (a directory holding config.json, "
+        "model.safetensors and nothing but a model's and tokenizer's files: "
+        f"{', '.join(sorted(EXPORT_FILES))}, model-NNNNN-of-NNNNN.safetensors); never the run "
+        "directory, nor the checkpoints or anything inside them",
+    )
     args = parser.parse_args(argv)
     try:
         out, checkpoint, step = export_checkpoint(

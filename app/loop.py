@@ -62,6 +62,7 @@ class ModelFacts:
     flops_per_token: int | None = None
     peak_tflops: float | None = None  # of this device at this precision; None: MFU unknown
     identity: dict[str, Any] = field(default_factory=dict)  # the settings that shape it
+    tokenizer: str | None = None  # the fingerprint of <run dir>/tokenizer (app/export.py)
 
 
 @dataclass
@@ -296,6 +297,7 @@ def save(run: Run, step: int) -> None:
         "rng": ckpt.rng_state(),
         "plan": run.plan.as_dict(),
         "config": run.facts.identity,  # what shaped the model: a resume is checked against it
+        "tokenizer_sha256": run.facts.tokenizer,  # which tokenizer app.export pairs it with
     }
     ckpt.save_checkpoint(run.run_dir / "checkpoints", step, state, run.cfg.keep_checkpoints)
 

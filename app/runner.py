@@ -24,7 +24,7 @@ from app.config import ConfigError, validate
 from app.context import RunContext
 from app.data.loader import StepDataset, make_step_loader, resolve_num_workers
 from app.distributed import DistInfo, init_distributed, shared_run_dir, shutdown, wrap_ddp
-from app.export import export_run
+from app.export import export_run, save_run_tokenizer
 from app.hardware.cuda_alloc import apply_expandable_segments
 from app.hardware.devices import detect_device, effective_preset
 from app.hardware.host_malloc import apply_host_malloc
@@ -154,6 +154,8 @@ def build_run(
             ) from None
     if dist.is_main:  # last: a run refused above has written nothing
         run_dir.mkdir(parents=True, exist_ok=True)
+        # Saved now, from the data the run trains on: an export needs no data later.
+        run.facts.tokenizer = save_run_tokenizer(ctx.task.export_tokenizer(cfg.data), run_dir)
         nvml = device.index if device.type == "cuda" else None
         observers.logger = RunLogger(run_dir, nvml_index=nvml, sinks=build_sinks(cfg, run_dir))
     return run

@@ -150,7 +150,9 @@ def test_an_old_checkpoint_without_its_config_exports_from_its_run_dir(finished,
     path = ckpt.list_checkpoints(run / "checkpoints")[-1]
     state = torch.load(path, weights_only=True)
     del state["config"]  # as checkpoints were before they recorded it: .hydra/ tells instead
+    del state["tokenizer_sha256"]  # nor their tokenizer: it is rebuilt from the data, unchecked
     torch.save(state, path)
+    shutil.rmtree(run / "tokenizer")
     proc = _export(str(path))
     assert proc.returncode == 0, proc.stderr
     _same_export(finished / "model", run / "model")
@@ -172,7 +174,7 @@ def test_an_earlier_checkpoint_does_not_replace_the_final_export(finished, tmp_p
     [
         ("missing", "no such file or directory"),
         ("empty", "no checkpoint there"),
-        ("garbage.pt", "is not a readable checkpoint"),
+        ("garbage.pt", "is not a readable checkpoint (a step_*.pt this trainer writes"),
     ],
 )
 def test_app_export_bad_input_is_one_line_and_exit_2(target, needle, tmp_path):
@@ -182,6 +184,172 @@ def test_app_export_bad_input_is_one_line_and_exit_2(target, needle, tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+
+# --- --out: an earlier export is replaced, nothing else is ------------------------------------
+
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def _one_line_error(capsys, *args: str) -> str:
+    """Run app.export in this process (fast); it must exit 2 with one `error:` line."""
+    from app.export import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exited.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("out", "needle"),
+    [
+        ("run", "is the run directory"),
+        ("run/checkpoints", "is or holds the checkpoint run/checkpoints/step_00000006.pt"),
+        ("run/checkpoints/step_00000006.pt", "is or holds the checkpoint"),
+        ("run/checkpoints/new", "is inside the checkpoints directory"),
+        (".", "is or holds the checkpoint"),  # holds the run
+        ("run/summary.json", "is a file"),
+        ("run/summary.json/x", "run/summary.json is not a directory"),
+        ("run/tensorboard", "is a directory that is not an earlier export"),
+        ("run/tokenizer", "is a directory that is not an earlier export"),
+        ("notes", "is a directory that is not an earlier export"),
+        ("export_and_more", "is a directory that is not an earlier export"),
+        ("link", "is a symbolic link"),
+    ],
+)
+def test_an_out_that_is_not_an_earlier_export_is_refused_touching_nothing(
+    finished, tmp_path, monkeypatch, capsys, out, needle
+):
+    monkeypatch.chdir(tmp_path)  # relative paths, as a user types them
+    shutil.copytree(finished, tmp_path / "run")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    shutil.copytree(finished / "model", tmp_path / "export_and_more")
+    (tmp_path / "export_and_more" / "results.csv").write_text("mine too")
+    (tmp_path / "link").symlink_to(tmp_path / "run" / "model")
+    before = _snapshot(tmp_path)
+    line = _one_line_error(capsys, "run", "--out", out)
+    assert needle in line and f"--out {out}" in line, line
+    assert _snapshot(tmp_path) == before
+
+
+def test_an_earlier_export_or_an_empty_directory_is_replaced(finished, tmp_path, capsys):
+    from app.export import main
+
+    run = shutil.copytree(finished, tmp_path / "run")
+    (run / "model" / "model.safetensors").write_bytes(b"an earlier export, replaced")
+    main([str(run)])  # the default, <run dir>/model, holds the run's own export
+    (tmp_path / "empty").mkdir()
+    main([str(run), "--out", str(tmp_path / "empty")])
+    _same_export(finished / "model", run / "model")
+    _same_export(finished / "model", tmp_path / "empty")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "run"]  # no temporaries
+
+
+# --- the tokenizer the run trained with, whatever the data is now -----------------------------
+
+
+def _corpus(seed: int) -> str:
+    from app.data.corpus import generate_corpus
+
+    return "\n\n".join(generate_corpus(150, seed))
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory) -> Path:
+    """A completed tiny run on a text file with a BPE trained on it (vocab 300)."""
+    base = tmp_path_factory.mktemp("bpe")
+    (base / "corpus.txt").write_text(_corpus(0))
+    overrides = [
+        "data=text_files",
+        f"data.paths=[{base / 'corpus.txt'}]",
+        "data.tokenizer=train",
+        "data.tokenizer_vocab_size=300",
+        "training.max_steps=3",
+    ]
+    summary = run_training(compose(tiny(base, *overrides)), base / "run")
+    assert summary["status"] == "completed"
+    return base
+
+
+def _bpe_copy(bpe_run: Path, tmp_path: Path) -> Path:
+    """The run and its data where this test may change them (the config names the data by
+    its absolute path: the copy keeps it, the test changes bpe_run's file and restores it)."""
+    return shutil.copytree(
+        bpe_run / "run", tmp_path / "run", ignore=shutil.ignore_patterns("model")
+    )
+
+
+@pytest.fixture
+def changed_data(bpe_run):
+    """The training file with other text: a BPE trained on it now is another one."""
+    corpus = bpe_run / "corpus.txt"
+    original = corpus.read_text()
+    corpus.write_text(_corpus(1))
+    yield corpus
+    corpus.write_text(original)
+
+
+def test_a_run_saves_its_tokenizer_and_each_checkpoint_names_it(bpe_run):
+    from app.data.hf_tokenizer import fingerprint_json
+
+    saved = (bpe_run / "run" / "tokenizer" / "tokenizer.json").read_text()
+    assert saved == (bpe_run / "run" / "model" / "tokenizer.json").read_text()
+    for path in ckpt.list_checkpoints(bpe_run / "run" / "checkpoints"):
+        assert torch.load(path, weights_only=True)["tokenizer_sha256"] == fingerprint_json(saved)
+
+
+def test_the_export_pairs_the_weights_with_the_runs_tokenizer_after_the_data_changed(
+    bpe_run, changed_data, tmp_path
+):
+    run = _bpe_copy(bpe_run, tmp_path)
+    assert _export(str(run)).returncode == 0
+    _same_export(bpe_run / "run" / "model", run / "model")
+
+
+def test_the_export_needs_no_data_when_the_run_saved_its_tokenizer(bpe_run, tmp_path):
+    run = _bpe_copy(bpe_run, tmp_path)
+    corpus = bpe_run / "corpus.txt"
+    moved = corpus.rename(tmp_path / "corpus.txt")
+    try:
+        proc = _export(str(run))
+    finally:
+        moved.rename(corpus)
+    assert proc.returncode == 0, proc.stderr
+    _same_export(bpe_run / "run" / "model", run / "model")
+
+
+def test_a_rebuilt_tokenizer_that_is_not_the_runs_is_refused(
+    bpe_run, changed_data, tmp_path, capsys
+):
+    run = _bpe_copy(bpe_run, tmp_path)
+    shutil.rmtree(run / "tokenizer")  # as for a checkpoint copied away from its run
+    before = _snapshot(tmp_path)
+    line = _one_line_error(capsys, str(run))
+    assert "is not the one the run trained with" in line, line
+    assert _snapshot(tmp_path) == before
+
+
+def test_without_its_tokenizer_or_its_data_the_export_says_it_needs_the_data(
+    bpe_run, tmp_path, capsys
+):
+    run = _bpe_copy(bpe_run, tmp_path)
+    shutil.rmtree(run / "tokenizer")
+    corpus = bpe_run / "corpus.txt"
+    moved = corpus.rename(tmp_path / "corpus.txt")
+    try:
+        line = _one_line_error(capsys, str(run))
+    finally:
+        moved.rename(corpus)
+    assert "holds no saved tokenizer of this checkpoint" in line and "data.paths" in line, line
+    assert not (run / "model").exists()
 
 
 def _export(*args: str) -> subprocess.CompletedProcess:

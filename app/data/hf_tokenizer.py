@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 EOS = "<|endoftext|>"
@@ -33,6 +35,23 @@ def causal_lm_tokenizer(tok: Any, eos: str) -> Any:
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=eos, eos_token=eos, pad_token=eos, padding_side="left"
     )
+
+
+def fingerprint(tokenizer: Any) -> str | None:
+    """sha256 of what decides the ids (vocabulary, merges, added tokens, normalizer...): a
+    checkpoint records it so an export can tell its run's tokenizer from another. None for a
+    slow tokenizer, which has no tokenizer.json to hash."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return None if backend is None else fingerprint_json(backend.to_str())
+
+
+def fingerprint_json(text: str) -> str:
+    """The fingerprint of a tokenizer.json. Padding and truncation are dropped: transformers
+    sets them on the tokenizer per call, and they change no id."""
+    spec = json.loads(text)
+    spec.pop("padding", None)
+    spec.pop("truncation", None)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
 def _byte_symbols() -> dict[int, str]:

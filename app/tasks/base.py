@@ -47,9 +47,11 @@ class Task(Protocol):
 
     def load_data(self, data_cfg: DictConfig) -> TaskData: ...
 
-    def model_data(self, data_cfg: DictConfig) -> TaskData:
+    def model_data(self, data_cfg: DictConfig, tokenizer: Any | None = None) -> TaskData:
         """What building the model needs (vocabulary, labels, padding id), without tokenizing
-        the samples where the task can: app.export rebuilds a checkpoint's model from it."""
+        the samples where the task can: app.export rebuilds a checkpoint's model from it.
+        `tokenizer`: the run's own, saved in its run dir; given, it is used (and needs no data
+        where the task needs the data only for its tokenizer)."""
         ...
 
     def export_tokenizer(self, data_cfg: DictConfig) -> Any | None:

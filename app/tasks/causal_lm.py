@@ -45,8 +45,8 @@ class CausalLM:
             pad_id=data.pad_id,
         )
 
-    def model_data(self, data_cfg: DictConfig) -> TaskData:
-        tok = self.export_tokenizer(data_cfg)
+    def model_data(self, data_cfg: DictConfig, tokenizer: Any | None = None) -> TaskData:
+        tok = self.export_tokenizer(data_cfg) if tokenizer is None else tokenizer
         # Synthetic ids without a tokenizer: the configured size is the vocabulary.
         vocab = data_cfg.tokenizer_vocab_size if tok is None else len(tok)
         empty = torch.empty(0, data_cfg.seq_len + 1, dtype=torch.int64)

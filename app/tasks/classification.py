@@ -10,6 +10,7 @@ accuracy and macro-F1.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -55,8 +56,17 @@ class SequenceClassification:
             info={"labels": data.label_names, "tokenizer": data.tokenizer},
         )
 
-    def model_data(self, data_cfg: DictConfig) -> TaskData:
-        return self.load_data(data_cfg)  # the labels come from the data (cached by content)
+    def model_data(self, data_cfg: DictConfig, tokenizer: Any | None = None) -> TaskData:
+        data = self.load_data(data_cfg)  # the labels come from the data (cached by content)
+        if tokenizer is None:
+            return data
+        self.tokenizer = tokenizer
+        return replace(
+            data,
+            vocab_size=len(tokenizer),
+            pad_id=tokenizer.pad_token_id,
+            info={**data.info, "tokenizer": tokenizer},
+        )
 
     def export_tokenizer(self, data_cfg: DictConfig) -> Any:
         if self.tokenizer is None:
