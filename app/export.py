@@ -51,6 +51,9 @@ EXPORT_FILES = frozenset(
     }
 )
 _SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+# Written into every export: what tells an export of ours, which --out may replace, from a model
+# directory of the same files that is not (a downloaded base model, say).
+EXPORT_MARKER = "hydratrain_export.json"
 
 
 def write_export(model: Any, tokenizer: Any | None, out: Path) -> Path:
@@ -86,6 +89,7 @@ def save_files(model: Any, tokenizer: Any | None, directory: Path) -> None:
         tokenizer.save_pretrained(directory)
     if generates:
         generation_config(model, tokenizer).save_pretrained(directory)
+    (directory / EXPORT_MARKER).write_text('{"written_by": "hydratrain"}\n')
 
 
 def generation_config(model: Any, tokenizer: Any | None) -> Any:
@@ -259,27 +263,31 @@ def check_out(out: Path, checkpoint: Path, name: str) -> None:
         raise ExportError(
             f"{label} is a file; give a new directory, an empty one or an earlier export"
         )
-    if out.is_dir() and not is_earlier_export(out):
+    if out.is_dir() and not is_earlier_export(out, ours=out == default_out(checkpoint)):
         raise ExportError(
-            f"{label} is a directory that is not an earlier export (only config.json, "
-            "model.safetensors and the model's and tokenizer's files); give a new directory, an "
-            "empty one or an earlier export"
+            f"{label} is a directory that is not an earlier export of this trainer (it holds "
+            f"{EXPORT_MARKER}, config.json, model.safetensors and the model's and tokenizer's "
+            "files only); give a new directory, an empty one or an earlier export"
         )
 
 
-def is_earlier_export(directory: Path) -> bool:
+def is_earlier_export(directory: Path, ours: bool = False) -> bool:
     """Empty (nothing to lose), or config.json and model.safetensors (or its shards' index)
-    and nothing but files save_pretrained writes: no subdirectory, no other name."""
+    and nothing but files save_pretrained writes (no subdirectory, no other name), with our
+    marker; `ours` (the run's own default export directory) lets an export written before the
+    marker existed be replaced too."""
     entries = list(directory.iterdir())
     names = {e.name for e in entries}
     if not names:
         return True
     has_weights = bool(names & {"model.safetensors", "model.safetensors.index.json"})
-    ours = all(
-        e.is_file() and not e.is_symlink() and (e.name in EXPORT_FILES or _SHARD.match(e.name))
+    known = EXPORT_FILES | {EXPORT_MARKER}
+    only_export_files = all(
+        e.is_file() and not e.is_symlink() and (e.name in known or _SHARD.match(e.name))
         for e in entries
     )
-    return "config.json" in names and has_weights and ours
+    marked = ours or EXPORT_MARKER in names
+    return "config.json" in names and has_weights and only_export_files and marked
 
 
 def load_state(path: Path) -> dict[str, Any]:
@@ -443,8 +451,9 @@ def main(argv: list[str] | None = None) -> None:
         help="the export directory (default: <run dir>/model): a new path, an empty directory "
         "or an earlier export, which is replaced (a directory holding config.json, "
         "model.safetensors and nothing but a model's and tokenizer's files: "
-        f"{', '.join(sorted(EXPORT_FILES))}, model-NNNNN-of-NNNNN.safetensors); never the run "
-        "directory, nor the checkpoints or anything inside them",
+        f"{', '.join(sorted(EXPORT_FILES))}, model-NNNNN-of-NNNNN.safetensors, and the "
+        f"{EXPORT_MARKER} every export of this trainer has); never the run directory, nor the "
+        "checkpoints or anything inside them",
     )
     args = parser.parse_args(argv)
     try:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from app import checkpoint as ckpt
+from app.export import EXPORT_MARKER
 from app.runner import run_training
 from tests.conftest import ROOT, TINY, compose, run_cli, tiny
 
@@ -23,6 +24,7 @@ FILES = {
     "tokenizer.json",
     "tokenizer_config.json",
     "generation_config.json",
+    EXPORT_MARKER,
 }
 
 # Loads an export with transformers alone, in a process that cannot import this project.
@@ -221,6 +223,7 @@ def _one_line_error(capsys, *args: str) -> str:
         ("run/tokenizer", "is a directory that is not an earlier export"),
         ("notes", "is a directory that is not an earlier export"),
         ("export_and_more", "is a directory that is not an earlier export"),
+        ("base_model", "is a directory that is not an earlier export"),  # the files, no marker
         ("link", "is a symbolic link"),
     ],
 )
@@ -233,6 +236,8 @@ def test_an_out_that_is_not_an_earlier_export_is_refused_touching_nothing(
     (tmp_path / "notes" / "todo.txt").write_text("mine")
     shutil.copytree(finished / "model", tmp_path / "export_and_more")
     (tmp_path / "export_and_more" / "results.csv").write_text("mine too")
+    shutil.copytree(finished / "model", tmp_path / "base_model")  # as a downloaded model has
+    (tmp_path / "base_model" / EXPORT_MARKER).unlink()
     (tmp_path / "link").symlink_to(tmp_path / "run" / "model")
     before = _snapshot(tmp_path)
     line = _one_line_error(capsys, "run", "--out", out)
@@ -245,12 +250,16 @@ def test_an_earlier_export_or_an_empty_directory_is_replaced(finished, tmp_path,
 
     run = shutil.copytree(finished, tmp_path / "run")
     (run / "model" / "model.safetensors").write_bytes(b"an earlier export, replaced")
+    (run / "model" / EXPORT_MARKER).unlink()  # the run's own, from before the marker
     main([str(run)])  # the default, <run dir>/model, holds the run's own export
     (tmp_path / "empty").mkdir()
     main([str(run), "--out", str(tmp_path / "empty")])
-    _same_export(finished / "model", run / "model")
-    _same_export(finished / "model", tmp_path / "empty")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "run"]  # no temporaries
+    earlier = shutil.copytree(finished / "model", tmp_path / "earlier")
+    (earlier / "model.safetensors").write_bytes(b"an earlier export elsewhere, replaced")
+    main([str(run), "--out", str(earlier)])
+    for out in (run / "model", tmp_path / "empty", earlier):
+        _same_export(finished / "model", out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "empty", "run"]
 
 
 # --- the tokenizer the run trained with, whatever the data is now -----------------------------
