@@ -154,10 +154,11 @@ def build_run(
             ) from None
     if dist.is_main:  # last: a run refused above has written nothing
         run_dir.mkdir(parents=True, exist_ok=True)
-        # Saved now, from the data the run trains on: an export needs no data later.
-        run.facts.tokenizer = save_run_tokenizer(ctx.task.export_tokenizer(cfg.data), run_dir)
         nvml = device.index if device.type == "cuda" else None
         observers.logger = RunLogger(run_dir, nvml_index=nvml, sinks=build_sinks(cfg, run_dir))
+        # Saved now, from the data the run trains on: an export needs no data later. After the
+        # trackers, the last refusal: a refused start never replaces a finished run's tokenizer.
+        run.facts.tokenizer = save_run_tokenizer(ctx.task.export_tokenizer(cfg.data), run_dir)
     return run
 
 
