@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from app.validation import ConfigError
+from app.validation import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 CLASSIFIER_ARCHS = ("deberta_v2", "bert", "roberta")
@@ -114,7 +114,7 @@ def with_attention_fallback(make: Callable[[str], Any], wanted: str) -> Any:
     except (ValueError, ImportError) as exc:
         if wanted == "eager" or "attention" not in str(exc).lower():
             raise
-        log.info("attention %s unsupported here, using eager (%s)", wanted, _first_line(exc))
+        log.info("attention %s unsupported here, using eager (%s)", wanted, first_line(exc))
         return make("eager")
 
 
@@ -128,7 +128,7 @@ def _load_pretrained(cfg: DictConfig, mapping: dict[str, Any]) -> torch.nn.Modul
         config = AutoConfig.from_pretrained(cfg.path, **mapping)
     except (OSError, ValueError) as exc:
         raise ConfigError(
-            f"model.path={cfg.path!r} could not be loaded ({_first_line(exc)})"
+            f"model.path={cfg.path!r} could not be loaded ({first_line(exc)})"
         ) from None
     if config.model_type not in WITH_HEAD:
         raise ConfigError(
@@ -150,10 +150,5 @@ def _load_pretrained(cfg: DictConfig, mapping: dict[str, Any]) -> torch.nn.Modul
         return with_attention_fallback(load, cfg.attn_implementation)
     except Exception as exc:  # unreadable weights, a pickle the safe loader refuses, ...
         raise ConfigError(
-            f"model.path={cfg.path!r} could not be loaded ({_first_line(exc)})"
+            f"model.path={cfg.path!r} could not be loaded ({first_line(exc)})"
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from app.atomic import fsync_dir
+from app.validation import first_line
 
 EXPORT_DIR = "model"
 # <run dir>/tokenizer: the tokenizer the run trained with, saved when it starts (checkpoints
@@ -163,7 +164,7 @@ def export_run(model: Any, task: Any, data_cfg: Any, run_dir: Path) -> Path:
         return write_export(model, task.export_tokenizer(data_cfg), out)
     except (OSError, RuntimeError) as exc:  # torch/safetensors report a full disk variously
         raise WriteFailed(
-            f"could not write the export {out} ({_first(exc)}); the checkpoints are intact: "
+            f"could not write the export {out} ({first_line(exc)}); the checkpoints are intact: "
             f"python -m app.export {run_dir} writes it again"
         ) from None
 
@@ -183,7 +184,7 @@ def save_run_tokenizer(tokenizer: Any | None, run_dir: Path) -> str | None:
         write_dir(directory, lambda tmp: tokenizer.save_pretrained(tmp))
     except OSError as exc:
         raise WriteFailed(
-            f"could not write the run's tokenizer {directory} ({_first(exc)})"
+            f"could not write the run's tokenizer {directory} ({first_line(exc)})"
         ) from None
     return found
 
@@ -218,7 +219,7 @@ def export_checkpoint(source: Path, out: Path | None = None) -> tuple[Path, Path
     try:
         write_export(model, tokenizer, target)
     except OSError as exc:
-        raise ExportError(f"cannot write {target} ({exc.strerror or _first(exc)})") from None
+        raise ExportError(f"cannot write {target} ({exc.strerror or first_line(exc)})") from None
     return target, checkpoint, int(state.get("step", 0))
 
 
@@ -328,7 +329,7 @@ def run_config(checkpoint: Path, state: dict[str, Any]) -> Any:
         cfg = OmegaConf.merge(schema, known)
     except Exception as exc:  # a value of another type than the schema's today
         raise ExportError(
-            f"{checkpoint}: its recorded config does not fit ({_first(exc)})"
+            f"{checkpoint}: its recorded config does not fit ({first_line(exc)})"
         ) from None
     cfg.model.gradient_checkpointing = False  # a training setting: nothing to export
     return cfg
@@ -351,7 +352,8 @@ def rebuild(cfg: Any, checkpoint: Path, state: dict[str, Any]) -> tuple[Any, Any
         model.load_state_dict(state["model"])
     except (RuntimeError, KeyError) as exc:
         raise ExportError(
-            f"{checkpoint}: its weights do not fit the model its config describes ({_first(exc)})"
+            f"{checkpoint}: its weights do not fit the model its config describes "
+            f"({first_line(exc)})"
         ) from None
     return model, tokenizer
 
@@ -372,7 +374,7 @@ def run_tokenizer(checkpoint: Path, recorded: Any) -> Any | None:
         tokenizer = AutoTokenizer.from_pretrained(directory)
     except Exception as exc:  # its other files damaged: IO and parse errors alike
         raise ExportError(
-            f"{directory}: the run's tokenizer cannot be loaded ({_first(exc)})"
+            f"{directory}: the run's tokenizer cannot be loaded ({first_line(exc)})"
         ) from None
     # How it was loaded, not what it is: transformers would write these into the export's
     # tokenizer_config.json, which the end-of-run export (from memory) does not have.
@@ -421,11 +423,6 @@ def default_out(checkpoint: Path) -> Path:
     if latest and latest[-1].resolve() == checkpoint.resolve():
         return run_dir / EXPORT_DIR
     return run_dir / f"{EXPORT_DIR}-{checkpoint.stem}"
-
-
-def _first(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 class _Parser(argparse.ArgumentParser):

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from app.checks import AlreadyComplete
 from app.config import ConfigError, register_configs, validate
+from app.validation import first_line
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 # Flags after which preflight steps aside: Hydra answers them itself.
@@ -173,7 +174,7 @@ def one_line(exc: BaseException, config_name: str = "train") -> str:
         return f"config '{option}' not found"
     cause = exc.__cause__ or exc
     key = getattr(cause, "full_key", None)
-    text = _first_line(cause)
+    text = first_line(cause)
     if key is None and (found := _key_error_in(str(exc))):
         key, text = found
     if key and "not in" in text:
@@ -184,7 +185,7 @@ def one_line(exc: BaseException, config_name: str = "train") -> str:
         return f"{key}=null is not allowed; give a value (see --cfg job for its default)"
     if key:
         return f"{key}: {text}"
-    return _first_line(exc)
+    return first_line(exc)
 
 
 def _key_error_in(message: str) -> tuple[str, str] | None:
@@ -192,11 +193,6 @@ def _key_error_in(message: str) -> tuple[str, str] | None:
     bad key in a config file (`hpo: {n_trail: 5}` in an experiment)."""
     found = re.search(r"^(.+)\n\s*full_key: (\S+)", message, re.M)
     return (found.group(2), found.group(1).strip()) if found else None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def _keys_of(config_name: str, parent: str) -> str:

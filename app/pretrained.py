@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from app.validation import ConfigError
+from app.validation import ConfigError, first_line
 
 # Files of which any one makes a directory a tokenizer AutoTokenizer can load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
@@ -31,7 +31,7 @@ def model_config(directory: Path) -> Any:
         return AutoConfig.from_pretrained(directory)
     except (OSError, ValueError) as exc:
         raise ConfigError(
-            f"model.path={directory}: no readable config.json ({_first(exc)})"
+            f"model.path={directory}: no readable config.json ({first_line(exc)})"
         ) from None
 
 
@@ -42,7 +42,7 @@ def tokenizer_size(directory: Path) -> int:
         return len(AutoTokenizer.from_pretrained(directory))
     except Exception as exc:  # hub/IO/parse errors all mean the same thing to the user
         raise ConfigError(
-            f"data.tokenizer={directory} could not be loaded ({_first(exc)}); use byte, train "
+            f"data.tokenizer={directory} could not be loaded ({first_line(exc)}); use byte, train "
             "or a directory holding a tokenizer"
         ) from None
 
@@ -58,8 +58,3 @@ def position_limit(config: Any) -> int | None:
     if "roberta" in config.model_type and config.pad_token_id is not None:
         limit -= config.pad_token_id + 1
     return int(limit)
-
-
-def _first(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__

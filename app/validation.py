@@ -22,6 +22,12 @@ class ConfigError(ValueError):
     """A setting the user can fix; the message is one line naming the key and what is allowed."""
 
 
+def first_line(exc: BaseException) -> str:
+    """A library's error in one line (its first non-blank one), for a ConfigError's message."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 @dataclass(frozen=True)
 class Bound:
     """A numeric setting's allowed range; `integer` also refuses floats and booleans."""

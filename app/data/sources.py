@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from app.validation import ConfigError
+from app.validation import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 FILE_FORMATS = {
@@ -353,8 +353,3 @@ def map_processes(setting: Any, n_rows: int) -> int | None:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cpus = cpus or 1
     return min(8, cpus) if n_rows >= PARALLEL_MAP_ROWS and cpus > 1 else None
-
-
-def first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__

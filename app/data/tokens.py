@@ -28,6 +28,7 @@ from app.atomic import atomic_write, atomic_write_text
 from app.config import ConfigError, DataConfig
 from app.data.corpus import CORPUS_VERSION, generate_corpus
 from app.data.sources import dataset_identity, expand_paths, file_fingerprints
+from app.validation import first_line
 
 # Bump when tokenization or packing changes, so old caches are not reused.
 CACHE_VERSION = 1
@@ -301,9 +302,8 @@ def load_hf_tokenizer(name: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(name)
     except Exception as e:  # hub/IO/parse errors all mean the same thing to the user
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
-            f"data.tokenizer={name!r} could not be loaded ({first_line}); use byte, train, "
+            f"data.tokenizer={name!r} could not be loaded ({first_line(e)}); use byte, train, "
             "a local tokenizer directory or a hub name available offline"
         ) from e
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from app.tracking.base import Sink
 from app.tracking.local import default_sinks
-from app.validation import ConfigError
+from app.validation import ConfigError, first_line
 
 # setting -> (module to import, pip extra)
 TRACKERS = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
@@ -63,7 +63,7 @@ def build_sinks(cfg: DictConfig, run_dir: Path) -> list[Sink]:
         except Exception as exc:
             for sink in sinks:
                 sink.close(None)
-            raise ConfigError(f"tracking.{key}: could not start: {_first_line(exc)}") from exc
+            raise ConfigError(f"tracking.{key}: could not start: {first_line(exc)}") from exc
     return sinks
 
 
@@ -101,8 +101,3 @@ def _masked(node: Any) -> Any:
     if isinstance(node, str):
         return _URL_PASSWORD.sub(r"\1***@", node)
     return node
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
