@@ -417,10 +417,12 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
         summary.update({f"initial_val_{m.name}": values[m.name] for m in run.task.metrics})
     meter = Throughput(run.device)
     window = Window(torch.zeros((), device=run.device))
-    profiler = StepProfiler(cfg.profiler, run.run_dir, run.device, cfg.max_steps, run.dist.rank)
+    last, log_every, eval_every = cfg.max_steps, cfg.log_every, cfg.eval_every
+    checkpoint_every = cfg.checkpoint_every  # config reads, once: not at every step
+    profiler = StepProfiler(cfg.profiler, run.run_dir, run.device, last, run.dist.rank)
     bar = _progress(run)
     try:
-        for step in range(run.start_step, cfg.max_steps):
+        for step in range(run.start_step, last):
             batch = next(run.steps)
             if profiler.covers(step):
                 window.add(profiled_step(run, batch, step, meter, profiler), counted=False)
@@ -429,30 +431,39 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
                 window.add(step_with_recovery(run, batch, step))
                 meter.mark_step()  # a CUDA event (no sync) or a clock reading, read at log points
             done = step + 1
-            if done % cfg.log_every == 0 or done == cfg.max_steps:
+            if done % log_every == 0 or done == last:
                 _log_window(run, done, window, meter, summary, bar)
-                # Only a closed window changes these: not worth a pass over the windows each step.
-                summary["tokens_per_sec"] = meter.steady_tokens_per_sec()
-                summary["train_time_s"] = meter.training_seconds()
             summary["steps"] = done  # before the evaluation: a trial pruned there trained `done`
-            if done % cfg.eval_every == 0 or done == cfg.max_steps:
+            if evaluates_at(done, eval_every, last):
                 with meter.pause():
                     _eval_and_report(run, done, summary)
-            saved = done == cfg.max_steps or bool(
-                cfg.checkpoint_every and done % cfg.checkpoint_every == 0
-            )
+            saved = done == last or bool(checkpoint_every and done % checkpoint_every == 0)
             if saved:
                 with meter.pause():
                     save(run, done)
             if bar is not None:
                 bar.update(1)
-            if done < cfg.max_steps and stop_requested(run):
+            if done < last and stop_requested(run):
                 stop_here(run, done, saved)
     finally:
+        # Once, however the run ends (only a closed window changes them; nothing reads them
+        # while it runs): a pass over every window at each log point would grow with the run.
+        summary["tokens_per_sec"] = meter.steady_tokens_per_sec()
+        summary["train_time_s"] = meter.training_seconds()
         profiler.close()  # a run that ends inside the window still writes its trace
         if bar is not None:
             bar.close()
     return summary
+
+
+def evaluates_at(done: int, every: int, last: int) -> bool:
+    """Evaluation after optimizer step `done`: every `every` steps, and at the last."""
+    return done % every == 0 or done == last
+
+
+def evaluations_after(start: int, every: int, last: int) -> int:
+    """How many of steps start+1 .. last evaluate (evaluates_at), counted without a pass."""
+    return last // every - start // every + (last % every != 0) if start < last else 0
 
 
 def profiled_step(

@@ -29,7 +29,15 @@ from app.hardware.cuda_alloc import apply_expandable_segments
 from app.hardware.devices import detect_device, effective_preset
 from app.hardware.host_malloc import apply_host_malloc
 from app.hardware.precision import apply_precision_flags, resolve_precision
-from app.loop import ModelFacts, Observers, Run, peak_memory, restore, train
+from app.loop import (
+    ModelFacts,
+    Observers,
+    Run,
+    evaluations_after,
+    peak_memory,
+    restore,
+    train,
+)
 from app.model import maybe_compile, model_shape
 from app.objective import build_reporter
 from app.optim import build_optimizer, build_scheduler
@@ -288,8 +296,7 @@ def print_banner(summary, ctx: RunContext, run: Run) -> None:
 
 def eval_line(run: Run) -> str:
     t = run.cfg
-    steps = range(run.start_step + 1, t.max_steps + 1)
-    count = sum(1 for s in steps if s % t.eval_every == 0 or s == t.max_steps)
+    count = evaluations_after(run.start_step, t.eval_every, t.max_steps)
     count += int(run.start_step == 0 and t.eval_at_start)
     return (
         f"eval       {len(run.val_blocks):,} samples x {count} evaluations (every "
