@@ -170,13 +170,20 @@ def release_after_oom(run: Run) -> None:
         torch.cuda.empty_cache()
 
 
+def _count_oom(run: Run, step: int) -> dict[str, int]:
+    """One more OOM in the plan's details (summary.json reports them even when the run ends
+    here) and in the logs; returns the counts."""
+    counts = {"oom_count": run.plan.details.get("oom_count", 0) + 1, **_alloc_retries(run)}
+    run.plan.details.update(counts)
+    _log_oom(run, step, counts)
+    return counts
+
+
 def shrink_micro_batch(run: Run, step: int, error: str | None) -> None:
     """Halve the micro-batch; the accumulation follows from the plan, so the effective batch
     stays exact. Raises TrainingOOM when micro-batch 1 ran out (or recovery is off)."""
     current = run.plan.micro_batch_size
-    counts = {"oom_count": run.plan.details.get("oom_count", 0) + 1, **_alloc_retries(run)}
-    run.plan.details.update(counts)  # summary.json reports them even when the run ends here
-    _log_oom(run, step, counts)
+    counts = _count_oom(run, step)
     if current <= 1 or not run.cfg.auto_batch.oom_recovery:
         raise TrainingOOM(f"out of memory at micro-batch {current} (step {step}): {error}")
     if run.dist.enabled:
@@ -207,9 +214,7 @@ def shrink_eval_micro_batch(run: Run, step: int) -> None:
     """Evaluation ran out with a micro-batch larger than training's: halve it (not below the
     training micro-batch, which is known to fit) and evaluate again. Each rank evaluates on
     its own, so this is safe under torchrun too."""
-    counts = {"oom_count": run.plan.details.get("oom_count", 0) + 1, **_alloc_retries(run)}
-    run.plan.details.update(counts)
-    _log_oom(run, step, counts)
+    _count_oom(run, step)
     smaller = max(run.plan.micro_batch_size, run.plan.eval_micro // 2)
     log.warning(
         "OOM in evaluation at step %d with micro-batch %d: evaluating with %d",

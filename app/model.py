@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from app.config import ConfigError
 from app.model_size import llama_ffn
+from app.validation import first_line
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +107,8 @@ def _load_pretrained(cfg: DictConfig) -> torch.nn.Module:
             cfg.path, attn_implementation=cfg.attn_implementation, dtype=torch.float32
         )
     except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
-            f"model.path={cfg.path!r} could not be loaded as a causal LM ({first})"
+            f"model.path={cfg.path!r} could not be loaded as a causal LM ({first_line(exc)})"
         ) from exc
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from app.tracking.base import COMPLETED, STOPPED, Sink
+from app.validation import first_line
 
 # A tracking server that is down must not stall training: MLflow's own defaults (7 retries,
 # backoff factor 2, 120 s timeouts) wait minutes per call, SIGTERM included. A user's own
@@ -122,7 +123,7 @@ def check_artifact_location(location: str) -> str | None:
     try:
         get_artifact_repository(location)
     except Exception as exc:  # MlflowException (unknown scheme), ImportError (its client)
-        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return first_line(exc)
     return None
 
 
