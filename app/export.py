@@ -85,9 +85,13 @@ def save_files(model: Any, tokenizer: Any | None, directory: Path) -> None:
         model.save_pretrained(directory, safe_serialization=True)
     if tokenizer is not None:
         limit = position_limit(model.config)
+        before = tokenizer.model_max_length  # the run's object: set for the export only
         if limit is not None:  # inputs longer than the positions are refused with a warning
             tokenizer.model_max_length = limit
-        tokenizer.save_pretrained(directory)
+        try:
+            tokenizer.save_pretrained(directory)
+        finally:
+            tokenizer.model_max_length = before
     if generates:
         generation_config(model, tokenizer).save_pretrained(directory)
     (directory / EXPORT_MARKER).write_text('{"written_by": "hydratrain"}\n')

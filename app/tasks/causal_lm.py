@@ -27,6 +27,9 @@ class CausalLM:
 
     def __init__(self, cfg: DictConfig | None = None) -> None:
         self.cfg = cfg  # the task node: nothing causal LM needs beyond the data and model
+        # (data config as YAML, its tokenizer): a run asks at its start (saved in the run dir)
+        # and at its end (the export); loading or training it again would be the same work.
+        self._tokenizer: tuple[str, Any] | None = None
 
     def load_data(self, data_cfg: DictConfig) -> TaskData:
         from app.data.memo import data_key, remembered
@@ -53,9 +56,14 @@ class CausalLM:
         return TaskData(empty, empty, vocab, str(data_cfg.tokenizer), info={"tokenizer": tok})
 
     def export_tokenizer(self, data_cfg: DictConfig) -> Any | None:
+        from omegaconf import OmegaConf
+
         from app.data.tokens import transformers_tokenizer
 
-        return transformers_tokenizer(data_cfg)
+        key = OmegaConf.to_yaml(data_cfg)
+        if self._tokenizer is None or self._tokenizer[0] != key:
+            self._tokenizer = (key, transformers_tokenizer(data_cfg))
+        return self._tokenizer[1]
 
     def sequence_length(self, data_cfg: DictConfig) -> int:
         return data_cfg.seq_len
