@@ -138,3 +138,22 @@ def test_the_data_is_loaded_once_per_process_while_its_config_stays(
     run_training(tiny_cfg(cache_dir, "data.seq_len=24"), tmp_path / "c")  # another data config
     assert loads == [32, 24]
     memo.forget()
+
+
+def test_the_data_memo_key_follows_the_files_and_needs_none_for_generated_data(tmp_path):
+    import os
+
+    from omegaconf import OmegaConf
+
+    from app.config import DataConfig
+    from app.data.memo import data_key
+
+    text = tmp_path / "a.txt"
+    text.write_text("one document\n")
+    files = OmegaConf.structured(DataConfig(source="text_files", paths=[str(text)]))
+    before = data_key("causal_lm", files)
+    text.write_text("another, longer document\n")
+    os.utime(text, ns=(1, 1))
+    assert data_key("causal_lm", files) != before  # edited between two trials: read again
+    generated = OmegaConf.structured(DataConfig(source="synthetic", paths=["/nowhere/*.txt"]))
+    assert data_key("causal_lm", generated)  # no files to look at, none looked for

@@ -19,13 +19,20 @@ T = TypeVar("T")
 _last: tuple[str, Any] | None = None
 
 
-def data_key(task_name: str, data_cfg: DictConfig, extra: Any = None) -> str:
-    from app.data.labelled import source_identity
+# Sources whose rows come from files that can change between two runs of one process.
+FILE_SOURCES = ("datasets", "text_files")
 
+
+def data_key(task_name: str, data_cfg: DictConfig, extra: Any = None) -> str:
+    """The resolved data config (seed, split, source settings) and, where the rows come from
+    files, their sizes and modification times."""
+    from app.data.sources import dataset_identity
+
+    files = dataset_identity(data_cfg) if data_cfg.source in FILE_SOURCES else None
     ident = {
         "task": task_name,
         "data": OmegaConf.to_container(data_cfg, resolve=True),
-        "source": source_identity(data_cfg),
+        "files": files,
         "extra": extra,
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
