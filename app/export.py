@@ -215,8 +215,9 @@ def export_checkpoint(source: Path, out: Path | None = None) -> tuple[Path, Path
     """Rebuild the model a checkpoint holds from the config it records and export it;
     returns (the export, the checkpoint, its step)."""
     checkpoint = find_checkpoint(source)
-    target = out or default_out(checkpoint)
-    check_out(target, checkpoint, "--out" if out else "the default --out")
+    default = default_out(checkpoint)
+    target = out or default
+    check_out(target, checkpoint, "--out" if out else "the default --out", ours=target == default)
     state = load_state(checkpoint)
     cfg = run_config(checkpoint, state)
     model, tokenizer = rebuild(cfg, checkpoint, state)
@@ -244,9 +245,10 @@ def find_checkpoint(source: Path) -> Path:
     )
 
 
-def check_out(out: Path, checkpoint: Path, name: str) -> None:
+def check_out(out: Path, checkpoint: Path, name: str, ours: bool) -> None:
     """Refuse, before any work, an export directory whose replacement would destroy what is
-    not an export: the run, its checkpoints, a file, a directory of other things."""
+    not an export: the run, its checkpoints, a file, a directory of other things. `ours`: out
+    is the run's own default export directory (app.export's default)."""
     label = f"{name} {out}"
     existing = next((p for p in out.parents if p.exists()), None)
     if existing is not None and not existing.is_dir():
@@ -268,7 +270,7 @@ def check_out(out: Path, checkpoint: Path, name: str) -> None:
         raise ExportError(
             f"{label} is a file; give a new directory, an empty one or an earlier export"
         )
-    if out.is_dir() and not is_earlier_export(out, ours=out == default_out(checkpoint)):
+    if out.is_dir() and not is_earlier_export(out, ours=ours):
         raise ExportError(
             f"{label} is a directory that is not an earlier export of this trainer (it holds "
             f"{EXPORT_MARKER}, config.json, model.safetensors and the model's and tokenizer's "
