@@ -410,31 +410,33 @@ def _validate_data(d: DictConfig) -> None:
             "data.source=datasets needs data.paths (JSONL, CSV or Parquet files) or "
             "data.dataset (a save_to_disk directory or a hub name)"
         )
-    if d.num_workers != "auto" and not _is_count(d.num_workers):
-        raise ConfigError(f"data.num_workers={d.num_workers!r} must be auto or an integer >= 0")
-    if d.map_num_proc != "auto" and not (_is_count(d.map_num_proc) and d.map_num_proc >= 1):
-        raise ConfigError(f"data.map_num_proc={d.map_num_proc!r} must be auto or an integer >= 1")
+    _auto_or_count("data.num_workers", d.num_workers, 0, "auto or an integer >= 0")
+    _auto_or_count("data.map_num_proc", d.map_num_proc, 1, "auto or an integer >= 1")
+
+
+def _auto_or_count(key: str, value: Any, low: int, allowed: str, nullable: bool = False) -> None:
+    """A setting that is `auto` (or null where `nullable`) or an integer >= low."""
+    if value == "auto" or (nullable and value is None):
+        return
+    if not (_is_count(value) and value >= low):
+        raise ConfigError(f"{key}={value!r} must be {allowed}")
 
 
 def _validate_training(t: DictConfig) -> None:
-    if t.micro_batch_size != "auto":
-        if not _is_count(t.micro_batch_size) or t.micro_batch_size < 1:
-            raise ConfigError(
-                f"training.micro_batch_size={t.micro_batch_size!r} must be auto or a positive "
-                "integer"
-            )
-        if t.micro_batch_size > t.effective_batch_size:
-            raise ConfigError(
-                f"training.micro_batch_size={t.micro_batch_size} is larger than "
-                f"training.effective_batch_size={t.effective_batch_size}; allowed: auto or "
-                f"1..{t.effective_batch_size}"
-            )
-    e = t.eval_micro_batch_size
-    if e is not None and e != "auto" and (not _is_count(e) or e < 1):
+    _auto_or_count("training.micro_batch_size", t.micro_batch_size, 1, "auto or a positive integer")
+    if t.micro_batch_size != "auto" and t.micro_batch_size > t.effective_batch_size:
         raise ConfigError(
-            f"training.eval_micro_batch_size={e!r} must be null (the training micro-batch), "
-            "auto or a positive integer"
+            f"training.micro_batch_size={t.micro_batch_size} is larger than "
+            f"training.effective_batch_size={t.effective_batch_size}; allowed: auto or "
+            f"1..{t.effective_batch_size}"
         )
+    _auto_or_count(
+        "training.eval_micro_batch_size",
+        t.eval_micro_batch_size,
+        1,
+        "null (the training micro-batch), auto or a positive integer",
+        nullable=True,
+    )
     _one_of("training.schedule", t.schedule, SCHEDULES)
     _one_of("training.host_malloc", t.host_malloc, HOST_MALLOC_POLICIES)
     if t.lr * t.weight_decay >= 1.0:
