@@ -8,21 +8,19 @@ and not installed is a ConfigError from `check_trackers`, before any work.
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from app.redact import mask_url_passwords
 from app.tracking.base import Sink
 from app.tracking.local import default_sinks
 from app.validation import ConfigError, first_line
 
 # setting -> (module to import, pip extra)
 TRACKERS = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
-# scheme://user:PASSWORD@host: kept out of what trackers store (hpo.storage may hold one).
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][\w+.-]*://[^/:@\s]*:)[^@/\s]+@")
 
 
 def installed(module: str) -> bool:
@@ -99,5 +97,5 @@ def _masked(node: Any) -> Any:
     if isinstance(node, list):
         return [_masked(v) for v in node]
     if isinstance(node, str):
-        return _URL_PASSWORD.sub(r"\1***@", node)
+        return mask_url_passwords(node)  # hpo.storage may hold one
     return node

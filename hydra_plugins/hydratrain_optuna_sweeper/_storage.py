@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,15 +23,15 @@ from urllib.parse import unquote
 
 from omegaconf import DictConfig, OmegaConf
 
+from app.redact import MASK, URL_PASSWORD, mask_url_passwords
+
 from ._errors import StorageUnreachable, SweepConfigError, first_line
 
 STORAGE_ENV = "HYDRATRAIN_HPO_STORAGE"
 JOURNAL_NAME = "study.journal"
 MEMORY = "memory"  # what jobs get as hpo.storage for a study only this process can reach
-MASK = "***"
 # scheme://user:PASSWORD@host...: the password is what lies between the first ':' after the
 # user and the '@' before the host.
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][\w+.-]*://[^/:@\s]*:)(?P<password>[^@/\s]+)@")
 # SQLAlchemy's defaults: 1.4/2.0 psycopg2, 2.1 psycopg (3). Use what is installed.
 _PG_DRIVERS = (("psycopg", "psycopg"), ("psycopg2", "psycopg2"))
 RETRY_SECONDS = 60.0  # how long a database restart may take before a trial gives up on it
@@ -40,7 +39,7 @@ RETRY_SECONDS = 60.0  # how long a database restart may take before a trial give
 
 def passwords(text: str) -> set[str]:
     """The passwords of the URLs in `text`, as written and percent-decoded."""
-    found = {m.group("password") for m in _URL_PASSWORD.finditer(text)}
+    found = {m.group("password") for m in URL_PASSWORD.finditer(text)}
     return found | {unquote(p) for p in found}
 
 
@@ -60,7 +59,7 @@ class Masker:
     def __call__(self, text: str) -> str:
         for secret in sorted(self.secrets, key=len, reverse=True):
             text = text.replace(secret, MASK)
-        return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{MASK}@", text)
+        return mask_url_passwords(text)
 
 
 @dataclass(frozen=True)
