@@ -424,7 +424,9 @@ def train(run: Run, summary: dict[str, Any] | None = None) -> dict[str, Any]:
     window = Window(torch.zeros((), device=run.device))
     last, log_every, eval_every = cfg.max_steps, cfg.log_every, cfg.eval_every
     checkpoint_every = cfg.checkpoint_every  # config reads, once: not at every step
-    profiler = StepProfiler(cfg.profiler, run.run_dir, run.device, last, run.dist.rank)
+    profiler = StepProfiler(
+        cfg.profiler, run.run_dir, run.device, last, run.dist.rank, resumed_at=run.start_step
+    )
     bar = _progress(run)
     try:
         for step in range(run.start_step, last):

@@ -19,13 +19,21 @@ TRACE_DIR = Path("tensorboard") / "profile"
 
 class StepProfiler:
     """Records optimizer steps [start_step, start_step + steps) of this process, cut at the
-    run's last step (so the summary names the steps really recorded)."""
+    run's last step and, for a run resumed inside the window, started at its first step (so the
+    summary names the steps really recorded)."""
 
     def __init__(
-        self, cfg: DictConfig, run_dir: Path, device: torch.device, max_steps: int, rank: int = 0
+        self,
+        cfg: DictConfig,
+        run_dir: Path,
+        device: torch.device,
+        max_steps: int,
+        rank: int = 0,
+        resumed_at: int = 0,
     ):
-        self.first = int(cfg.start_step)
-        self.end = min(self.first + int(cfg.steps), max_steps) if cfg.steps else self.first
+        wanted = int(cfg.start_step)
+        self.end = min(wanted + int(cfg.steps), max_steps) if cfg.steps else wanted
+        self.first = max(wanted, resumed_at)
         self.cfg = cfg
         self.trace_dir = run_dir / TRACE_DIR
         self.device = device

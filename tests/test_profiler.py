@@ -111,3 +111,28 @@ def test_a_window_past_the_last_step_is_reported_as_the_steps_recorded(tmp_path)
     profiler = StepProfiler(window, tmp_path, torch.device("cpu"), max_steps=3)
     assert profiler.describe()["steps"] == [1, 3]  # steps 1 and 2: the run has no step 3
     assert [profiler.covers(s) for s in range(4)] == [False, True, True, False]
+
+
+def test_a_run_resumed_inside_the_window_records_from_its_first_step(tmp_path):
+    import torch
+    from omegaconf import OmegaConf
+
+    from app.profiling import StepProfiler
+
+    window = OmegaConf.create(
+        {
+            "steps": 4,
+            "start_step": 2,
+            "record_shapes": False,
+            "profile_memory": False,
+            "with_stack": False,
+        }
+    )
+    profiler = StepProfiler(window, tmp_path, torch.device("cpu"), 10, resumed_at=4)
+    assert profiler.describe()["steps"] == [4, 6]
+    for step in range(4, 6):
+        assert profiler.covers(step)
+        profiler.before_step(step)
+        torch.ones(4).sum()
+        profiler.after_step(step)
+    assert list((tmp_path / "tensorboard" / "profile").glob("rank0.*.pt.trace.json"))
