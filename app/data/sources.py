@@ -232,9 +232,6 @@ def dataset_splits(loaded: Any, data_cfg: DictConfig) -> tuple[Any, Any | None]:
     train = pick_split(loaded, data_cfg.train_split, "data.train_split")
     if data_cfg.val_split in loaded:
         return train, pick_split(loaded, data_cfg.val_split, "data.val_split")
-    log.info(
-        "no split %r: holding out %.0f%% of train", data_cfg.val_split, 100 * data_cfg.val_fraction
-    )
     return train, None
 
 
@@ -248,6 +245,12 @@ def open_rows(data_cfg: DictConfig) -> RowSplits:
         train, val = dataset_splits(
             open_dataset(str(data_cfg.dataset), data_cfg.dataset_config), data_cfg
         )
+        if val is None:  # said here, where the rows are read, not at each check of them
+            log.info(
+                "no split %r: holding out %.0f%% of train",
+                data_cfg.val_split,
+                100 * data_cfg.val_fraction,
+            )
         return RowSplits(train, val, train.features)
     train = read_files(file_set(list(data_cfg.paths), "data.paths", "train"))
     val = None
