@@ -12,10 +12,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from app.config import ConfigError, register_configs
-from app.outcomes import RunOutcome
-from app.preflight import preflight
-from app.run_dir_guard import restore_after_refusal
+from app.config.schema import ConfigError, register_configs
+from app.core.outcomes import RunOutcome
+from app.cli.preflight import preflight
+from app.cli.run_dir_guard import restore_after_refusal
 
 register_configs()
 
@@ -25,8 +25,8 @@ def main(cfg: DictConfig) -> float | list[float]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from app.objective import objective_value
-    from app.runner import run_training
+    from app.hpo import objective_value
+    from app.engine.runner import run_training
 
     hc = HydraConfig.get()
     try:
@@ -43,7 +43,7 @@ def main(cfg: DictConfig) -> float | list[float]:
 def end_with_one_line(exc: Exception) -> None:
     """A single run that cannot go on ends with one line and a status that says why:
     2 a setting, 128 + signal number a preemption (the checkpoint is saved), 1 otherwise."""
-    from app.outcomes import Preempted
+    from app.core.outcomes import Preempted
 
     if isinstance(exc, Preempted):
         print(f"stopped: {exc}", file=sys.stderr, flush=True)

@@ -75,7 +75,7 @@ def tiny(tmp_path: Path, *extra: str) -> list[str]:
 
 
 def compose(overrides: list[str]):
-    from app.preflight import compose as _compose
+    from app.cli.preflight import compose as _compose
 
     return _compose("train", overrides)
 

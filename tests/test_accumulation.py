@@ -6,12 +6,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from app.batch.plan import BatchPlan, fixed_plan, rank_share, split_sizes
-from app.config import ModelConfig, TrainingConfig
-from app.hardware.precision import PrecisionPlan
-from app.loop import Run, train_step
-from app.model import build_model
-from app.optim import build_optimizer, build_scheduler
+from app.engine.batch.plan import BatchPlan, fixed_plan, rank_share, split_sizes
+from app.config.schema import ModelConfig, TrainingConfig
+from app.components.hardware.precision import PrecisionPlan
+from app.engine.loop import Run, train_step
+from app.components.models.build import build_model
+from app.components.optim.adamw import build_optimizer, build_scheduler
 
 FP32 = PrecisionPlan("fp32", None, False, False, "test")
 
@@ -105,7 +105,7 @@ def test_one_step_is_the_same_for_any_micro_batch(optimizer_kind):
 
 def test_per_micro_batch_averaging_would_differ():
     """The check above can fail: averaging per micro-batch (the old Trainer bug) moves the step."""
-    from app.loop import inputs_and_targets, loss_sum
+    from app.engine.loop import inputs_and_targets, loss_sum
 
     model, blocks = _tiny_model_and_blocks()
     run = _run(model, 8, "sgd")

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import app.loop as loop
-from app import checkpoint as ckpt
-from app.batch import cache as batch_cache
-from app.batch import probe as autobatch
-from app.distributed import DistInfo
-from app.outcomes import TrainingOOM
-from app.preflight import compose
+import app.engine.loop as loop
+from app.engine import checkpoint as ckpt
+from app.engine.batch import cache as batch_cache
+from app.engine.batch import probe as autobatch
+from app.engine.distributed import DistInfo
+from app.core.outcomes import TrainingOOM
+from app.cli.preflight import compose
 from tests.conftest import AUTO_TINY
 
 
@@ -25,10 +25,10 @@ def tiny_cfg(cache: Path, *overrides: str, base: list[str] = AUTO_TINY):
 
 def parts(cfg):
     """What runner.build_run hands to auto_plan, without the rest of the run."""
-    from app.context import RunContext
-    from app.hardware.devices import detect_device, effective_preset
-    from app.hardware.precision import resolve_precision
-    from app.tasks import build_task
+    from app.engine.context import RunContext
+    from app.components.hardware.devices import detect_device, effective_preset
+    from app.components.hardware.precision import resolve_precision
+    from app.components.tasks import build_task
 
     device = detect_device(cfg.gpu)
     preset = effective_preset(cfg.gpu, device)
@@ -118,7 +118,7 @@ def test_probe_honours_injected_ooms_and_leaves_model_optimizer_and_rng_untouche
 
 def test_probe_optimizer_state_does_not_leak_into_the_run(cache_dir):
     # build_run makes the run's optimizer after the probe: it must start empty.
-    from app.optim import build_optimizer
+    from app.components.optim.adamw import build_optimizer
 
     cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto")
     ctx, model, data = parts(cfg)
@@ -155,7 +155,7 @@ def test_probe_stops_at_its_step_bound_with_the_best_fit_so_far(cache_dir, probe
 
 def run_recording_steps(cfg, run_dir: Path, monkeypatch) -> tuple[dict, list[list[int]]]:
     """run_training, recording the micro-batch sizes of each optimizer step's last attempt."""
-    from app.runner import run_training
+    from app.engine.runner import run_training
 
     steps: list[list[int]] = []
     orig_step, orig_loss = loop.train_step, loop.loss_sum
@@ -284,7 +284,7 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_and_rewritten(tmp_path):
 def test_the_measured_peak_memory_caps_the_probe(cache_dir, monkeypatch):
     """Sizes whose measured peak is above the limit fail like an OOM does, so the probe stops
     below them. The 'memory' here grows 5 % of the machine per sample: 10 fits under 0.5."""
-    from app.hardware.memory import host_memory_bytes
+    from app.components.hardware.memory import host_memory_bytes
 
     current = [0]
     original = autobatch.Probe._steps

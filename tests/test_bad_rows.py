@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from app.config import ConfigError, DataConfig, validate
-from app.data.labelled import load_labelled
-from app.data.sources import expand_paths, file_set, read_files
-from app.data.tokens import load_token_data
+from app.config.schema import ConfigError, DataConfig, validate
+from app.components.data.labelled import load_labelled
+from app.components.data.sources import expand_paths, file_set, read_files
+from app.components.data.tokens import load_token_data
 from tests.conftest import compose, run_cli
 
 WORDS = ["the", "cat", "dog", "eats", "fish", "runs", "at", "night", "red", "small"]
@@ -127,7 +127,7 @@ def _with_nulls(n: int = 40, every: int = 10) -> list[dict]:
 
 def test_classification_drops_rows_with_a_null_text_and_says_how_many(tmp_path, caplog):
     path = _jsonl(tmp_path / "rows.jsonl", _with_nulls())
-    with caplog.at_level(logging.WARNING, logger="app.data.sources"):
+    with caplog.at_level(logging.WARNING, logger="app.components.data.sources"):
         data = load_labelled(_cfg(tmp_path, [path]), None)
     assert len(data.train.labels) + len(data.val.labels) == 36  # not "None" as a text
     assert "train split: 4 rows with a null data.text_column='text'" in caplog.text
@@ -135,7 +135,7 @@ def test_classification_drops_rows_with_a_null_text_and_says_how_many(tmp_path, 
 
 def test_causal_lm_drops_rows_with_a_null_text_and_says_how_many(tmp_path, caplog):
     path = _jsonl(tmp_path / "rows.jsonl", _with_nulls(400))
-    with caplog.at_level(logging.WARNING, logger="app.data.sources"):
+    with caplog.at_level(logging.WARNING, logger="app.components.data.sources"):
         data = load_token_data(_cfg(tmp_path, [path]))
     assert "train split: 40 rows with a null data.text_column='text'" in caplog.text
     # One end-of-document token per document: 360 rows kept, not 400 (an empty document each).

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-import app.data.memo as memo
-from app import runner
-from app.outcomes import Pruned
-from app.preflight import compose
-from app.runner import run_training
-from app.tasks.causal_lm import CausalLM
+import app.components.data.memo as memo
+from app.engine import runner
+from app.core.outcomes import Pruned
+from app.cli.preflight import compose
+from app.engine.runner import run_training
+from app.components.tasks.causal_lm import CausalLM
 from tests.conftest import AUTO_TINY
 
 
@@ -121,7 +121,7 @@ def test_a_trial_is_pruned_at_an_earlier_evaluation(cache_dir, tmp_path, monkeyp
 def test_the_data_is_loaded_once_per_process_while_its_config_stays(
     cache_dir, tmp_path, monkeypatch
 ):
-    import app.data.tokens as tokens
+    import app.components.data.tokens as tokens
 
     memo.forget()
     loads: list[int] = []
@@ -145,8 +145,8 @@ def test_the_data_memo_key_follows_the_files_and_needs_none_for_generated_data(t
 
     from omegaconf import OmegaConf
 
-    from app.config import DataConfig
-    from app.data.memo import data_key
+    from app.config.schema import DataConfig
+    from app.components.data.memo import data_key
 
     text = tmp_path / "a.txt"
     text.write_text("one document\n")

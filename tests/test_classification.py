@@ -10,16 +10,16 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from app import checkpoint as ckpt
-from app.batch.plan import BatchPlan
-from app.config import ModelConfig, TrainingConfig
-from app.data.loader import StepDataset, step_sample_indices
-from app.data.padded import PaddedRows, padded_length
-from app.hardware.precision import PrecisionPlan
-from app.loop import Run, train_step
-from app.optim import build_scheduler
-from app.runner import run_training
-from app.tasks.classification import SequenceClassification
+from app.engine import checkpoint as ckpt
+from app.engine.batch.plan import BatchPlan
+from app.config.schema import ModelConfig, TrainingConfig
+from app.components.data.loader import StepDataset, step_sample_indices
+from app.components.data.padded import PaddedRows, padded_length
+from app.components.hardware.precision import PrecisionPlan
+from app.engine.loop import Run, train_step
+from app.components.optim.adamw import build_scheduler
+from app.engine.runner import run_training
+from app.components.tasks.classification import SequenceClassification
 from tests.conftest import compose, run_cli
 
 FP32 = PrecisionPlan("fp32", None, False, False, "test")
@@ -64,7 +64,7 @@ def _rows(n: int = 32, width: int = 24, vocab: int = 50, seed: int = 0) -> Padde
 
 
 def _classifier(arch: str = "bert", seed: int = 0) -> torch.nn.Module:
-    from app.classifiers import build_classifier
+    from app.components.models.classifiers import build_classifier
 
     torch.manual_seed(seed)
     cfg = OmegaConf.structured(
@@ -108,7 +108,7 @@ def test_one_step_on_padded_pairs_is_the_same_for_any_split(arch):
 
 def test_a_mean_per_micro_batch_would_differ(monkeypatch):
     """The check above can fail: dividing each micro-batch by its own size moves the step."""
-    import app.loop as loop
+    import app.engine.loop as loop
 
     whole = _step(32, "bert")
     real = loop.global_sum
@@ -186,7 +186,7 @@ def _final_model(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_stop_and_resume_with_length_grouping_gives_identical_parameters(tmp_path):
-    from app.outcomes import TrainingOOM
+    from app.core.outcomes import TrainingOOM
 
     base = nli(tmp_path, "training.checkpoint_every=3", "model.dropout=0.1")
     straight = run_training(compose(base), tmp_path / "straight")
@@ -219,7 +219,7 @@ def test_a_run_reports_accuracy_f1_and_the_label_mapping(tmp_path):
 
 
 def test_an_oom_at_micro_batch_1_ends_in_status_oom(tmp_path):
-    from app.outcomes import TrainingOOM
+    from app.core.outcomes import TrainingOOM
 
     cfg = compose(nli(tmp_path, "training.micro_batch_size=auto", "faults.oom_above_micro_batch=0"))
     with pytest.raises(TrainingOOM):
@@ -287,7 +287,7 @@ def test_an_accuracy_study_samples_the_batch_scores_accuracy_and_prunes_an_oom(t
 
 
 def _write_rows(tmp_path: Path, n: int = 300) -> list[dict]:
-    from app.data.nli_corpus import generate_nli
+    from app.components.data.nli_corpus import generate_nli
 
     return [
         {"sentence1": r["premise"], "sentence2": r["hypothesis"], "gold": r["label"]}

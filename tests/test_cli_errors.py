@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from app.config import ConfigError, validate
-from app.preflight import one_line, split_argv
+from app.config.schema import ConfigError, validate
+from app.cli.preflight import one_line, split_argv
 from tests.conftest import compose, run_cli, tiny
 
 

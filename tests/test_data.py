@@ -7,19 +7,19 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import app.data.loader as loader_mod
-import app.data.tokens as data_mod
-from app.batch.plan import rank_slice
-from app.config import ConfigError, DataConfig
-from app.data.corpus import generate_corpus
-from app.data.loader import (
+import app.components.data.loader as loader_mod
+import app.components.data.tokens as data_mod
+from app.engine.batch.plan import rank_slice
+from app.config.schema import ConfigError, DataConfig
+from app.components.data.corpus import generate_corpus
+from app.components.data.loader import (
     StepDataset,
     make_step_loader,
     resolve_num_workers,
     step_sample_indices,
     val_batches,
 )
-from app.data.tokens import (
+from app.components.data.tokens import (
     load_token_data,
     load_tokenizer,
     split_documents,
@@ -134,7 +134,7 @@ def test_no_documents_is_one_line(tmp_path):
 
 
 def test_a_text_file_of_one_document_trains(tmp_path):
-    from app.runner import run_training
+    from app.engine.runner import run_training
     from tests.conftest import compose, tiny
 
     # One paragraph: no blank line anywhere, so the file is a single document.

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from app import checkpoint as ckpt
+from app.engine import checkpoint as ckpt
 from tests.conftest import ROOT, run_cli, tiny
 
 
@@ -70,8 +70,8 @@ def test_each_rank_evaluates_its_share_and_the_sums_make_the_whole(monkeypatch):
     """Evaluation under DDP: rank r sees only its share of the validation blocks; the summed
     (loss, tokens) over ranks give the single-process validation loss (to float32 rounding:
     the batches are cut differently)."""
-    import app.loop as loop
-    from app.distributed import DistInfo
+    import app.engine.loop as loop
+    from app.engine.distributed import DistInfo
     from tests.test_accumulation import _run, _tiny_model_and_blocks
 
     model, blocks = _tiny_model_and_blocks()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app import checkpoint as ckpt
-from app.outcomes import WriteFailed
+from app.engine import checkpoint as ckpt
+from app.core.outcomes import WriteFailed
 from tests.conftest import run_cli, tiny
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import app.loop as loop
-import app.runner as runner
-from app.config import TrainingConfig
-from app.hardware.cuda_alloc import apply_expandable_segments, merged, target_variable
-from app.runner import run_training
+import app.engine.loop as loop
+import app.engine.runner as runner
+from app.config.schema import TrainingConfig
+from app.components.hardware.cuda_alloc import apply_expandable_segments, merged, target_variable
+from app.engine.runner import run_training
 from tests.conftest import ROOT, compose, tiny
 
 ALLOC_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
@@ -140,7 +140,7 @@ def test_a_run_sets_the_allocator_variable_before_the_device_is_touched(
 def test_the_allocator_uses_expandable_segments_when_asked(tmp_path):
     code = (
         "import os, torch\n"
-        "from app.hardware.cuda_alloc import apply_expandable_segments\n"
+        "from app.components.hardware.cuda_alloc import apply_expandable_segments\n"
         "apply_expandable_segments(True)\n"
         "x = torch.empty(64 * 2**20, device='cuda')\n"
         "print(all(s.get('is_expandable') for s in torch.cuda.memory_snapshot()))\n"

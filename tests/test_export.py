@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from app import checkpoint as ckpt
-from app.export import EXPORT_MARKER
-from app.runner import run_training
+from app.engine import checkpoint as ckpt
+from app.cli.export import EXPORT_MARKER
+from app.engine.runner import run_training
 from tests.conftest import ROOT, TINY, compose, run_cli, tiny
 
 FILES = {
@@ -199,8 +199,8 @@ def _snapshot(root: Path) -> dict[str, bytes | None]:
 
 
 def _one_line_error(capsys, *args: str) -> str:
-    """Run app.export in this process (fast); it must exit 2 with one `error:` line."""
-    from app.export import main
+    """Run app.cli.export in this process (fast); it must exit 2 with one `error:` line."""
+    from app.cli.export import main
 
     with pytest.raises(SystemExit) as exited:
         main(list(args))
@@ -246,7 +246,7 @@ def test_an_out_that_is_not_an_earlier_export_is_refused_touching_nothing(
 
 
 def test_an_earlier_export_or_an_empty_directory_is_replaced(finished, tmp_path, capsys):
-    from app.export import main
+    from app.cli.export import main
 
     run = shutil.copytree(finished, tmp_path / "run")
     (run / "model" / "model.safetensors").write_bytes(b"an earlier export, replaced")
@@ -266,7 +266,7 @@ def test_an_earlier_export_or_an_empty_directory_is_replaced(finished, tmp_path,
 
 
 def _corpus(seed: int) -> str:
-    from app.data.corpus import generate_corpus
+    from app.components.data.corpus import generate_corpus
 
     return "\n\n".join(generate_corpus(150, seed))
 
@@ -307,7 +307,7 @@ def changed_data(bpe_run):
 
 
 def test_a_run_saves_its_tokenizer_and_each_checkpoint_names_it(bpe_run):
-    from app.data.hf_tokenizer import fingerprint_json
+    from app.components.data.hf_tokenizer import fingerprint_json
 
     saved = (bpe_run / "run" / "tokenizer" / "tokenizer.json").read_text()
     assert saved == (bpe_run / "run" / "model" / "tokenizer.json").read_text()
@@ -385,8 +385,8 @@ def _tiny_model():
 
 
 def test_a_failed_export_leaves_the_old_one_whole_and_no_temporaries(tmp_path, monkeypatch):
-    from app.data.hf_tokenizer import byte_tokenizer
-    from app.export import write_export
+    from app.components.data.hf_tokenizer import byte_tokenizer
+    from app.cli.export import write_export
 
     out = tmp_path / "model"
     write_export(_tiny_model(), byte_tokenizer(), out)
@@ -405,8 +405,8 @@ def test_a_failed_export_leaves_the_old_one_whole_and_no_temporaries(tmp_path, m
 
 
 def test_a_new_export_replaces_the_old_and_clears_a_killed_ones_leftovers(tmp_path):
-    from app.data.hf_tokenizer import byte_tokenizer
-    from app.export import write_export
+    from app.components.data.hf_tokenizer import byte_tokenizer
+    from app.cli.export import write_export
 
     out = tmp_path / "model"
     write_export(_tiny_model(), byte_tokenizer(), out)
@@ -435,9 +435,9 @@ class Wrapped(torch.nn.Module):
 
 
 def test_a_wrapped_model_exports_its_plain_weights(tmp_path, monkeypatch):
-    import app.runner
+    import app.engine.runner
 
-    monkeypatch.setattr(app.runner, "maybe_compile", lambda model, *a: Wrapped(model))
+    monkeypatch.setattr(app.engine.runner, "maybe_compile", lambda model, *a: Wrapped(model))
     summary = run_training(compose(tiny(tmp_path, "training.max_steps=2")), tmp_path / "run")
     names = set(_tensors(Path(summary["export_dir"])))
     assert names and all(n.startswith(("transformer.", "lm_head.")) for n in names), names
@@ -448,7 +448,7 @@ def test_a_wrapped_model_exports_its_plain_weights(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_classifier_export_loads_with_auto_model_for_sequence_classification(tmp_path):
-    from app.tasks import build_task
+    from app.components.tasks import build_task
     from tests.test_classification import nli
 
     cfg = compose(nli(tmp_path))

@@ -6,15 +6,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from app.config import ConfigError, GpuConfig
-from app.hardware.devices import (
+from app.config.schema import ConfigError, GpuConfig
+from app.components.hardware.devices import (
     DeviceInfo,
     detect_device,
     effective_preset,
     load_presets,
     match_preset,
 )
-from app.hardware.precision import resolve_precision
+from app.components.hardware.precision import resolve_precision
 
 
 def _cuda(name: str, cc: tuple[int, int], preset: str) -> DeviceInfo:

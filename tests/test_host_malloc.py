@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT, compose, tiny
 
-from app.hardware import host_malloc
+from app.components.hardware import host_malloc
 
 glibc_only = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
@@ -23,7 +23,7 @@ glibc_only = pytest.mark.skipif(
 FAULTS_PER_ALLOCATION = """
 import json, resource, sys
 import torch
-from app.hardware.host_malloc import apply_host_malloc
+from app.components.hardware.host_malloc import apply_host_malloc
 applied = apply_host_malloc(sys.argv[1])
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -75,8 +75,8 @@ def test_without_glibc_nothing_is_applied(monkeypatch):
 
 
 def test_a_training_run_applies_its_policy_before_loading_data(monkeypatch, tmp_path):
-    import app.runner as runner
-    from app.tasks.causal_lm import CausalLM
+    import app.engine.runner as runner
+    from app.components.tasks.causal_lm import CausalLM
 
     calls = []
     monkeypatch.setattr(runner, "apply_host_malloc", lambda policy: calls.append(policy))

@@ -10,11 +10,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import app.data.lm_rows as lm_rows
-from app.config import ConfigError, DataConfig
-from app.data.corpus import generate_corpus
-from app.data.tokens import load_token_data
-from app.runner import run_training
+import app.components.data.lm_rows as lm_rows
+from app.config.schema import ConfigError, DataConfig
+from app.components.data.corpus import generate_corpus
+from app.components.data.tokens import load_token_data
+from app.engine.runner import run_training
 from tests.conftest import compose, tiny
 
 # Learnable text in one column, and a decoy column that must never be read.
@@ -237,7 +237,7 @@ def test_an_unsupported_extension_is_refused(tmp_path):
 
 
 def test_map_processes_follow_the_setting():
-    from app.data.sources import PARALLEL_MAP_ROWS, map_processes
+    from app.components.data.sources import PARALLEL_MAP_ROWS, map_processes
 
     assert map_processes("auto", 10) is None  # small data: one process starts faster
     assert map_processes(1, PARALLEL_MAP_ROWS) is None

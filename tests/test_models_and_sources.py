@@ -6,9 +6,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from app.config import ConfigError, ModelConfig
-from app.model import build_model, model_shape
-from app.runner import run_training
+from app.config.schema import ConfigError, ModelConfig
+from app.components.models.build import build_model, model_shape
+from app.engine.runner import run_training
 from tests.conftest import compose, tiny
 
 LLAMA = [
@@ -70,7 +70,7 @@ def test_gradient_checkpointing_gives_the_same_step(tmp_path):
 
 @pytest.mark.slow
 def test_text_files_with_a_locally_trained_tokenizer(tmp_path):
-    from app.data.corpus import generate_corpus
+    from app.components.data.corpus import generate_corpus
 
     docs = generate_corpus(400, seed=3)
     for i in range(4):

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import app.loop as loop
-from app.batch import probe as autobatch
-from app.batch.faults import FaultInjector
-from app.outcomes import TrainingOOM
-from app.preflight import compose
-from app.runner import run_training
+import app.engine.loop as loop
+from app.engine.batch import probe as autobatch
+from app.engine.batch.faults import FaultInjector
+from app.core.outcomes import TrainingOOM
+from app.cli.preflight import compose
+from app.engine.runner import run_training
 from tests.conftest import AUTO_TINY
 
 

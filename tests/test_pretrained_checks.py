@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.config import ConfigError
-from app.data.tokens import load_token_data
-from app.runner import run_training
+from app.config.schema import ConfigError
+from app.components.data.tokens import load_token_data
+from app.engine.runner import run_training
 from tests.conftest import compose, run_cli, save_tiny_gpt2, tiny
 
 

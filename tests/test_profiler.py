@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-import app.loop as loop
-from app.config import ConfigError, validate
-from app.runner import run_training
+import app.engine.loop as loop
+from app.config.schema import ConfigError, validate
+from app.engine.runner import run_training
 from tests.conftest import TINY, compose, tiny
 
 SLOW = 1.0  # seconds each profiled step is made to take: far more than a tiny step
@@ -105,7 +105,7 @@ def test_a_window_past_the_last_step_is_reported_as_the_steps_recorded(tmp_path)
     import torch
     from omegaconf import OmegaConf
 
-    from app.profiling import StepProfiler
+    from app.engine.profiling import StepProfiler
 
     window = OmegaConf.create({"steps": 10, "start_step": 1})
     profiler = StepProfiler(window, tmp_path, torch.device("cpu"), max_steps=3)
@@ -117,7 +117,7 @@ def test_a_run_resumed_inside_the_window_records_from_its_first_step(tmp_path):
     import torch
     from omegaconf import OmegaConf
 
-    from app.profiling import StepProfiler
+    from app.engine.profiling import StepProfiler
 
     window = OmegaConf.create(
         {

@@ -7,10 +7,10 @@ import pickle
 import pytest
 import torch
 
-from app import checkpoint as ckpt
-from app.config import ConfigError
-from app.outcomes import TrainingOOM
-from app.runner import run_training
+from app.engine import checkpoint as ckpt
+from app.config.schema import ConfigError
+from app.core.outcomes import TrainingOOM
+from app.engine.runner import run_training
 from tests.conftest import compose, tiny
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from app import run_dir_guard
-from app.run_dir_guard import RunDirGuard, RunDirSnapshot
+from app.cli import run_dir_guard
+from app.cli.run_dir_guard import RunDirGuard, RunDirSnapshot
 
 
 def _finished(root: Path) -> None:

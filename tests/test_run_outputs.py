@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app.runner import run_training
+from app.engine.runner import run_training
 from tests.conftest import compose, tiny
 
 SUMMARY_KEYS = {

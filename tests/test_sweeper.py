@@ -293,7 +293,7 @@ def _job_cfg(**hpo):
 
 def test_reporter_rebuilds_the_trial_from_storage_and_prunes(tmp_path):
     """The path a job in another process takes: nothing but cfg.hpo and the storage."""
-    from app.objective import build_reporter
+    from app.hpo import build_reporter
 
     study, spec = _study(tmp_path, name="r")
     for value in (1.0, 1.1, 1.2):
@@ -329,7 +329,7 @@ def test_reporter_of_a_trial_failed_elsewhere_goes_quiet(tmp_path, caplog):
 
 
 def test_reporter_is_a_noop_outside_a_sweep():
-    from app.objective import NullReporter, build_reporter
+    from app.hpo import NullReporter, build_reporter
 
     assert isinstance(build_reporter(OmegaConf.create({"hpo": _hpo()})), NullReporter)
     assert isinstance(build_reporter(OmegaConf.create({"hpo": None})), NullReporter)
@@ -337,7 +337,7 @@ def test_reporter_is_a_noop_outside_a_sweep():
 
 def test_a_misspelled_hpo_key_in_an_experiment_is_an_error_naming_it(tmp_path):
     """The hpo group is typed (app/hpo_config.py): composition refuses the key, in one line."""
-    from app.preflight import compose, one_line
+    from app.cli.preflight import compose, one_line
 
     (tmp_path / "experiment").mkdir()
     (tmp_path / "experiment" / "typo.yaml").write_text("# @package _global_\nhpo: {n_trail: 5}\n")
@@ -350,7 +350,7 @@ def test_conf_hpo_optuna_sets_no_setting_to_its_default():
     """One default per setting: the YAML sets only what differs from app/hpo_config.py."""
     from pathlib import Path
 
-    from app.hpo_config import HpoConfig
+    from app.config.hpo import HpoConfig
 
     root = Path(__file__).resolve().parents[1]
     yaml = OmegaConf.to_container(OmegaConf.load(root / "conf" / "hpo" / "optuna.yaml").hpo)
@@ -375,7 +375,7 @@ def test_pruner_defaults_follow_the_studys_evaluation_schedule():
 
 def test_a_jobs_pruner_is_built_with_its_own_evaluation_schedule(tmp_path, monkeypatch):
     """The reporter in a job's process rebuilds the pruner: its rungs follow training.*."""
-    from app.objective import build_reporter
+    from app.hpo import build_reporter
 
     built: list[dict] = []
 
@@ -396,7 +396,7 @@ def test_a_jobs_pruner_is_built_with_its_own_evaluation_schedule(tmp_path, monke
 
 
 def test_an_accuracy_study_prunes_the_low_accuracy_trial_not_the_high_one(tmp_path):
-    from app.objective import build_reporter
+    from app.hpo import build_reporter
 
     path = str(tmp_path / "j.journal")
     spec = StorageSpec("journal", path, "hpo.storage")

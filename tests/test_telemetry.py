@@ -10,11 +10,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from app.distributed import DistInfo
-from app.hardware.devices import PRESET_DIR, DeviceInfo, load_presets
-from app.loop import Throughput, Window, _log_window
-from app.model import model_shape
-from app.telemetry import flops_per_token, mfu
+from app.engine.distributed import DistInfo
+from app.components.hardware.devices import PRESET_DIR, DeviceInfo, load_presets
+from app.engine.loop import Throughput, Window, _log_window
+from app.components.models.build import model_shape
+from app.engine.telemetry import flops_per_token, mfu
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from app.outcomes import TrainingOOM
-from app.runner import run_training
-from app.telemetry import RunLogger
-from app.tracking import tracked_config
-from app.tracking.base import Sink
+from app.core.outcomes import TrainingOOM
+from app.engine.runner import run_training
+from app.engine.telemetry import RunLogger
+from app.components.tracking import tracked_config
+from app.components.tracking.base import Sink
 from tests.conftest import ROOT, TINY, compose, tiny
 
 
@@ -140,7 +140,7 @@ def test_a_tracker_whose_library_is_missing_is_one_line_before_work(tmp_path, tr
     ],
 )
 def test_tracking_settings_are_validated(override, message):
-    from app.config import ConfigError, validate
+    from app.config.schema import ConfigError, validate
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         validate(compose([*TINY, override]))
@@ -193,8 +193,8 @@ def test_run_logger_fans_out_and_drops_a_failing_sink(tmp_path, caplog):
 
 def test_an_artifact_location_mlflow_cannot_store_to_is_refused_before_the_experiment(tmp_path):
     pytest.importorskip("mlflow")
-    from app.checks import check_trackers
-    from app.config import ConfigError
+    from app.engine.start_checks import check_trackers
+    from app.config.schema import ConfigError
 
     db = tmp_path / "mlflow.db"
     cfg = compose(
@@ -220,9 +220,9 @@ def test_an_unreachable_mlflow_server_is_one_line_within_seconds(tmp_path, monke
     import os
     import time
 
-    from app.config import ConfigError
-    from app.tracking import build_sinks
-    from app.tracking.mlflow_sink import HTTP_LIMITS
+    from app.config.schema import ConfigError
+    from app.components.tracking import build_sinks
+    from app.components.tracking.mlflow_sink import HTTP_LIMITS
 
     for name in HTTP_LIMITS:
         monkeypatch.delenv(name, raising=False)

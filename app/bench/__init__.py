@@ -2,7 +2,7 @@
 
 The same model, data, batch plan, precision and optimizer recipe are trained by three contenders:
 
-- trainer: `app.runner.run_training` with a composed config (the code path users run);
+- trainer: `app.engine.runner.run_training` with a composed config (the code path users run);
 - bare: the floor, a hand-written loop (plain model, AdamW, autocast, clipping, nothing else)
   with the trainer's process settings (the host malloc policy);
 - hf: `transformers.Trainer` + `TrainingArguments` (same batch, accumulation and LR; no eval,

@@ -158,7 +158,7 @@ def _preamble(report: dict[str, Any]) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    from app.hardware.devices import _cpu_name
+    from app.components.hardware.devices import _cpu_name
 
     def version(pkg: str) -> str | None:
         try:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from app.tasks import Task, TaskData, build_task
+from app.components.tasks import Task, TaskData, build_task
 
 
 def bench_task(cfg: DictConfig) -> CausalLMBench | ClassificationBench:
@@ -81,7 +81,7 @@ class ClassificationBench:
         self.task, self.cfg = task, cfg
 
     def step_work(self, rows, sizes: Sequence[int]) -> tuple[int, int]:
-        from app.data.padded import padded_length
+        from app.components.data.padded import padded_length
 
         lengths = torch.sort(rows.lengths, descending=True).values.tolist()
         padded, offset = 0, 0
@@ -95,7 +95,7 @@ class ClassificationBench:
     def bare_sampler(self, data: TaskData) -> Callable[[int], torch.Tensor]:
         """step -> the step's sample indices: the trainer's length-grouped order (a pure
         function of seed and step), so the floor pads exactly what the trainer pads."""
-        from app.data.loader import StepDataset
+        from app.components.data.loader import StepDataset
 
         d = self.cfg.data
         order = StepDataset(
@@ -110,7 +110,7 @@ class ClassificationBench:
     def bare_backward(self, model, rows, micro: int, accum: int, amp, dev) -> torch.Tensor:
         """Longest rows first, each micro-batch cut to its longest row (a multiple of 8);
         cross-entropy summed and divided by the step's samples."""
-        from app.data.padded import padded_length
+        from app.components.data.padded import padded_length
 
         order = torch.sort(rows.lengths, descending=True, stable=True).indices
         samples = len(rows)

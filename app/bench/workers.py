@@ -24,7 +24,7 @@ def _clock(spec: dict[str, Any], cfg, device) -> StepClock:
 
 
 def _compose(spec: dict[str, Any]):
-    from app.preflight import compose
+    from app.cli.preflight import compose
 
     total = spec["warmup"] + spec["steps"]
     return compose("train", [*spec["overrides"], f"training.max_steps={total}"])
@@ -42,7 +42,7 @@ def _result(
 ) -> dict[str, Any]:
     """Throughput in tokens that carry data and in samples (the work the clock counted over the
     measured steps); `unit` says which one the task reports (app/bench/tasks.py)."""
-    from app.telemetry import mfu
+    from app.engine.telemetry import mfu
 
     seconds = clock.measured_seconds()
     steps = clock.total - clock.warmup
@@ -71,9 +71,9 @@ def _device_setup(cfg, host_malloc: str):
     host malloc policy (app/hardware/host_malloc.py) for this process."""
     import torch
 
-    from app.hardware.devices import detect_device, effective_preset
-    from app.hardware.host_malloc import apply_host_malloc
-    from app.hardware.precision import apply_precision_flags, resolve_precision
+    from app.components.hardware.devices import detect_device, effective_preset
+    from app.components.hardware.host_malloc import apply_host_malloc
+    from app.components.hardware.precision import apply_precision_flags, resolve_precision
 
     apply_host_malloc(host_malloc)
     device = detect_device(cfg.gpu)
@@ -87,8 +87,8 @@ def _device_setup(cfg, host_malloc: str):
 
 
 def _flops(model, cfg, device, precision, task) -> tuple[int, float | None]:
-    from app.model import model_shape
-    from app.telemetry import flops_per_token
+    from app.components.models.build import model_shape
+    from app.engine.telemetry import flops_per_token
 
     s = model_shape(model)
     seq = task.sequence_length(cfg.data)
@@ -100,9 +100,9 @@ def work_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     """The real `run_training`; the only addition is a timestamp after each optimizer step."""
     import torch
 
-    import app.loop as loop
+    import app.engine.loop as loop
     from app.bench.tasks import bench_task
-    from app.runner import run_training
+    from app.engine.runner import run_training
 
     # Evaluation and checkpoints run after the last timed step; nothing else is changed.
     total = spec["warmup"] + spec["steps"]
@@ -176,7 +176,7 @@ def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from app.bench.tasks import bench_task
-    from app.optim import build_scheduler
+    from app.components.optim.adamw import build_scheduler
 
     cfg = _compose(spec)
     # The floor gets every process setting the trainer has, the host malloc policy included.
@@ -222,7 +222,7 @@ def work_hf(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import TrainerCallback, TrainingArguments
 
     from app.bench.tasks import bench_task
-    from app.data.loader import resolve_num_workers
+    from app.components.data.loader import resolve_num_workers
 
     cfg = _compose(spec)
     # Stock, as users run it: glibc's malloc defaults unless an ablation arm asks otherwise.

@@ -2,9 +2,9 @@
 
 Every searched value is tried: each choice, both ends of a range or interval, composed into a
 job config with the other keys at their first value and put through the app's own validation
-(`app.config.validate`, the one a training run does on entry). Then `hpo.metric` and
+(`app.config.schema.validate`, the one a training run does on entry). Then `hpo.metric` and
 `hpo.report_metric` are checked against what a run of that config produces
-(`app.objective.objectives`), and the job's `objective` against `hpo.metric`.
+(`app.hpo.objectives`), and the job's `objective` against `hpo.metric`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from app.config import ConfigError, TrainConfig, validate
-from app.objective import objectives
-from app.preflight import one_line
+from app.config.schema import ConfigError, TrainConfig, validate
+from app.hpo import objectives
+from app.cli.preflight import one_line
 
 from ._errors import SweepConfigError
 from ._settings import SweepSettings

@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 from omegaconf import DictConfig, OmegaConf
 
-from app.hpo_config import HpoConfig
+from app.config.hpo import HpoConfig
 
 from ._errors import SweepConfigError, first_line
 from .config import MOTPE_REMOVED, SAMPLERS

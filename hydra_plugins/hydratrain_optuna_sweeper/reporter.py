@@ -13,7 +13,7 @@ import logging
 import math
 from typing import Any
 
-from app.objective import NullReporter
+from app.hpo import NullReporter
 
 log = logging.getLogger(__name__)
 

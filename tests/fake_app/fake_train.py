@@ -19,10 +19,10 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from app.hpo_config import HpoConfig
-from app.objective import build_reporter, objective_value
-from app.outcomes import Diverged, Preempted, Pruned, TrainingOOM
-from app.preemption import StopRequest, stop_on_signals
+from app.config.hpo import HpoConfig
+from app.hpo import build_reporter, objective_value
+from app.core.outcomes import Diverged, Preempted, Pruned, TrainingOOM
+from app.core.preemption import StopRequest, stop_on_signals
 
 _KEEP: list[bytearray] = []
 

@@ -1,0 +1,1 @@
+"""What a run is built from: hardware, models, tasks, data, optimizers, trackers. Each owns its config and facts."""

@@ -1,0 +1,1 @@
+"""Data: corpora, tokenizers, sources, packed blocks, padded rows, the step loader."""

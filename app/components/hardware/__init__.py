@@ -1,0 +1,1 @@
+"""The device: detection, presets, precision, memory and allocator settings."""

@@ -1,0 +1,156 @@
+"""Find the device this run trains on and the preset that describes it.
+
+NVML gives the card's name and memory without creating a CUDA context; torch gives the compute
+capability and the memory this process can actually use (below the label: an "80 GB" H100 shows
+about 79 GiB).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from app.config.schema import ConfigError, GpuConfig
+
+log = logging.getLogger(__name__)
+PRESET_DIR = Path(__file__).resolve().parents[3] / "conf" / "gpu"
+
+
+@dataclass
+class DeviceInfo:
+    type: str  # cuda | cpu
+    name: str
+    index: int = 0
+    total_memory_bytes: int | None = None
+    compute_capability: tuple[int, int] | None = None
+    preset: str = "cpu"
+    peak_tflops: dict[str, float] = field(default_factory=dict)  # empty: MFU unknown
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.type, self.index) if self.type == "cuda" else torch.device("cpu")
+
+    @property
+    def capability(self) -> float | None:
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability
+        return major + minor / 10
+
+
+def load_presets() -> dict[str, GpuConfig]:
+    """Every CUDA preset in conf/gpu, typed by the schema."""
+    presets = {}
+    for path in sorted(PRESET_DIR.glob("*.yaml")):
+        node = OmegaConf.merge(OmegaConf.structured(GpuConfig), OmegaConf.load(path))
+        if node.device_type == "cuda":
+            presets[node.name] = node
+    return presets
+
+
+def match_preset(device_name: str, presets: dict[str, GpuConfig]) -> GpuConfig | None:
+    """The preset whose longest `match` occurs in the device name ("H100 PCIe" beats "H100")."""
+    best, best_len = None, 0
+    lowered = device_name.lower()
+    for preset in presets.values():
+        for pattern in preset.match:
+            if pattern.lower() in lowered and len(pattern) > best_len:
+                best, best_len = preset, len(pattern)
+    return best
+
+
+def _nvml_name_and_memory(index: int) -> tuple[str, int] | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(handle)
+        total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+        return (name.decode() if isinstance(name, bytes) else name), int(total)
+    except Exception:  # no driver, no NVML library, MIG slice: torch still answers
+        return None
+
+
+def _local_cuda_index() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def detect_device(gpu: DictConfig | GpuConfig) -> DeviceInfo:
+    """Resolve `gpu=...` against the machine; raise ConfigError for a preset that cannot apply."""
+    wants = gpu.device_type
+    if wants == "cpu" or (wants == "auto" and not torch.cuda.is_available()):
+        return DeviceInfo(type="cpu", name=_cpu_name(), preset="cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"gpu={gpu.name} needs a CUDA device but torch sees none "
+            "(torch.cuda.is_available() is False); use gpu=cpu or gpu=auto"
+        )
+    return _detect_cuda(gpu)
+
+
+def _detect_cuda(gpu: DictConfig | GpuConfig) -> DeviceInfo:
+    index = _local_cuda_index()
+    torch.cuda.set_device(index)
+    nvml = _nvml_name_and_memory(index)
+    name = nvml[0] if nvml else torch.cuda.get_device_name(index)
+    _, usable = torch.cuda.mem_get_info(index)
+    total = torch.cuda.get_device_properties(index).total_memory
+    info = DeviceInfo(
+        type="cuda",
+        name=name,
+        index=index,
+        total_memory_bytes=int(total),
+        compute_capability=torch.cuda.get_device_capability(index),
+    )
+    detected = match_preset(name, load_presets())
+    if gpu.device_type == "auto":
+        info.preset = detected.name if detected else "generic-cuda"
+        if detected is None:
+            info.warnings.append(
+                f"no preset matches '{name}': MFU is unknown, defaults are generic"
+            )
+    else:
+        info.preset = gpu.name
+        if detected is None or detected.name != gpu.name:
+            info.warnings.append(
+                f"gpu={gpu.name} does not match the detected '{name}' "
+                f"({total / 2**30:.1f} GiB); trusting the detected memory"
+            )
+    info.peak_tflops = dict(detected.peak_tflops) if detected else {}
+    log.debug("CUDA free memory at start: %.1f GiB", usable / 2**30)
+    return info
+
+
+def effective_preset(gpu: DictConfig, device: DeviceInfo) -> DictConfig:
+    """The settings that apply to this device: the named preset, or the detected one for auto."""
+    if gpu.device_type != "auto" or device.type == "cpu":
+        if device.type == "cpu" and gpu.device_type == "auto":
+            return OmegaConf.merge(
+                OmegaConf.structured(GpuConfig), OmegaConf.load(PRESET_DIR / "cpu.yaml")
+            )
+        return gpu
+    presets = load_presets()
+    if device.preset in presets:
+        return presets[device.preset]
+    generic = OmegaConf.structured(GpuConfig(name="generic-cuda"))
+    cc = device.capability or 0.0
+    generic.bf16 = generic.tf32 = cc >= 8.0
+    generic.compute_capability = cc
+    return generic
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"

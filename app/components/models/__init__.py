@@ -1,0 +1,1 @@
+"""Model families: causal LMs, classifiers, pretrained checkpoints, and their sizes."""

@@ -1,0 +1,1 @@
+"""Optimizers and the learning-rate schedule."""

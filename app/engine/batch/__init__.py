@@ -1,0 +1,1 @@
+"""The micro-batch plan, its probe and cache, and injected faults."""

@@ -1,0 +1,162 @@
+"""The on-disk micro-batch cache: one JSON file per shape, shared safely by parallel workers.
+
+The key holds everything that changes the memory a micro-batch needs (device and its memory,
+model config, sequence length, precision, gradient checkpointing, compile, optimizer, library
+versions, injected faults), not the effective batch. Each entry keeps every candidate's result
+(OOM or not, peak memory fraction, samples/s), so a run with another memory margin or effective
+batch reuses it. Writers take a file lock, merge and replace the file atomically; an OOM, once
+seen, sticks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from app.core.atomic import atomic_write_text
+from app.engine.context import RunContext
+from app.components.hardware.memory import host_memory_bytes
+
+log = logging.getLogger(__name__)
+CACHE_VERSION = 1
+Trials = dict[int, dict[str, Any]]  # micro-batch -> {oom, peak_fraction, samples_per_sec, ...}
+
+
+def failed(trial: dict[str, Any], limit: float) -> bool:
+    peak = trial.get("peak_fraction")
+    return bool(trial.get("oom")) or (peak is not None and peak > limit)
+
+
+def fits_below_failure(trials: Trials, limit: float, upper: int) -> tuple[list[int], int | None]:
+    """Sizes that fit and lie below the smallest failure (memory use grows with the batch)."""
+    first_fail = min((m for m, t in trials.items() if failed(t, limit)), default=None)
+    fits = sorted(
+        m
+        for m, t in trials.items()
+        if m <= upper and not failed(t, limit) and (first_fail is None or m < first_fail)
+    )
+    return fits, first_fail
+
+
+def cache_key(ctx: RunContext, model: torch.nn.Module) -> dict[str, Any]:
+    """Everything that changes the memory a micro-batch needs (not the effective batch)."""
+    import transformers
+
+    cfg, device, preset = ctx.cfg, ctx.device, ctx.preset
+    m = cfg.model
+    fused = cfg.training.fused_adamw
+    return {
+        "version": CACHE_VERSION,
+        "device": [device.type, device.name, device.total_memory_bytes or host_memory_bytes()],
+        "task": ctx.task.name,
+        "model": OmegaConf.to_container(m, resolve=True),
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "vocab_size": getattr(model.config, "vocab_size", None),
+        "seq_len": ctx.task.sequence_length(cfg.data),
+        "precision": ctx.precision.name,
+        # With eval_micro_batch_size=auto the probe also evaluates at a multiple of each size.
+        "eval_auto": cfg.training.eval_micro_batch_size == "auto",
+        "gradient_checkpointing": bool(m.gradient_checkpointing),
+        "compile": [bool(preset.compile if m.compile is None else m.compile), m.compile_mode],
+        "optimizer": ["adamw", True if fused is None else bool(fused)],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "faults": OmegaConf.to_container(cfg.faults, resolve=True),
+    }
+
+
+def key_hash(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def cache_path(cfg: DictConfig, key: dict[str, Any]) -> Path:
+    root = OmegaConf.select(cfg, "training.auto_batch.cache_dir", default=None)
+    folder = Path(root) if root else Path(cfg.data.cache_dir) / "autobatch"
+    return folder / f"microbatch-{key_hash(key)}.json"
+
+
+def read_entry(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The cached entry with integer trial keys, or None (absent, unreadable or another key)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or raw.get("key") != json.loads(json.dumps(key, default=str)):
+        return None
+    try:
+        raw["trials"] = {int(m): dict(t) for m, t in raw.get("trials", {}).items()}
+    except (TypeError, ValueError):
+        return None
+    return raw
+
+
+def covers(entry: dict[str, Any], upper: int, limit: float) -> bool:
+    """Whether the entry answers this run: a fit is known and the search reached its cap or
+    found where memory runs out."""
+    fits, first_fail = fits_below_failure(entry["trials"], limit, upper)
+    reached = entry.get("searched_up_to", 0) >= upper
+    return bool(fits) and (reached or (first_fail is not None and first_fail <= upper))
+
+
+def merge_entry(path: Path, key: dict[str, Any], trials: Trials, upper: int) -> None:
+    def merge(entry: dict[str, Any]) -> None:
+        for micro, new in trials.items():
+            entry["trials"][micro] = merge_trial(entry["trials"].get(micro, {}), new)
+        entry["searched_up_to"] = max(entry.get("searched_up_to", 0), upper)
+
+    update_entry(path, key, merge)
+
+
+def record_oom(path: Path, key: dict[str, Any], micro: int) -> None:
+    def mark(entry: dict[str, Any]) -> None:
+        old = entry["trials"].get(micro, {})
+        entry["trials"][micro] = merge_trial(old, {"oom": True, "learned_in_run": True})
+
+    update_entry(path, key, mark)
+
+
+def merge_trial(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    # An OOM seen by anyone sticks; the larger peak is the safer one; the newest timing wins.
+    out = {**old, **new}
+    out["oom"] = bool(old.get("oom") or new.get("oom"))
+    peaks = [p for p in (old.get("peak_fraction"), new.get("peak_fraction")) if p is not None]
+    out["peak_fraction"] = max(peaks) if peaks else None
+    return out
+
+
+def update_entry(path: Path, key: dict[str, Any], change: Callable[[dict], None]) -> None:
+    """Read, change and atomically rewrite the entry under an exclusive lock."""
+    try:
+        with _locked(path):
+            entry = read_entry(path, key) or {"key": key, "trials": {}, "searched_up_to": 0}
+            change(entry)
+            entry["updated"] = time.time()
+            entry["trials"] = {str(m): t for m, t in sorted(entry["trials"].items())}
+            atomic_write_text(path, json.dumps(entry, indent=2, sort_keys=True, default=str) + "\n")
+    except OSError as exc:  # a read-only or full cache dir must not fail the run
+        log.warning("could not update the micro-batch cache %s: %s", path, exc)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): atomic replace still prevents torn files
+            yield
+            return
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -1,0 +1,127 @@
+"""The batch plan: micro-batch x accumulation x world size == effective batch, exactly.
+
+When the per-rank batch is not a multiple of the micro-batch, the step is split into micro-batches
+whose sizes differ by at most one (32 with micro 5 -> 5,5,5,5,4,4,4), never rounded to a nearby
+effective batch. The loss is normalized by the target tokens of the whole step, so an uneven split
+gives the same gradient as an even one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from app.config.schema import ConfigError
+
+
+def split_sizes(total: int, max_micro: int) -> list[int]:
+    """Sizes of the fewest micro-batches of at most `max_micro` that sum to `total`, within one."""
+    if total < 1 or max_micro < 1:
+        raise ValueError(f"cannot split {total} samples into micro-batches of {max_micro}")
+    count = math.ceil(total / max_micro)
+    base, extra = divmod(total, count)
+    return [base + 1] * extra + [base] * (count - extra)
+
+
+def rank_slice(n: int, rank: int, world_size: int) -> slice:
+    """Rank `rank`'s contiguous part of a step's n samples; part sizes differ by at most one."""
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
+
+
+def rank_share(total: int, world_size: int, rank: int) -> int:
+    """How many samples of one optimizer step rank `rank` processes."""
+    part = rank_slice(total, rank, world_size)
+    return part.stop - part.start
+
+
+# training.eval_micro_batch_size=auto: evaluation runs EVAL_FACTOR times the training
+# micro-batch (no backward, no saved activations); the probe evaluates at that size too.
+EVAL_FACTOR = 4
+
+
+def eval_micro_size(setting: int | str | None, micro: int) -> int | None:
+    """training.eval_micro_batch_size for a training micro-batch: None (evaluate at the training
+    micro-batch), EVAL_FACTOR times it (auto), or the size set."""
+    if setting is None:
+        return None
+    return EVAL_FACTOR * micro if setting == "auto" else int(setting)
+
+
+@dataclass
+class BatchPlan:
+    effective_batch_size: int
+    micro_batch_size: int  # the largest micro-batch; the others are at most one smaller
+    world_size: int = 1
+    rank: int = 0
+    source: str = "fixed"  # fixed | probed | cached | reduced_after_oom
+    details: dict[str, Any] = field(default_factory=dict)
+    eval_micro_batch_size: int | None = None  # None: the training micro-batch
+
+    @property
+    def eval_micro(self) -> int:
+        return self.eval_micro_batch_size or self.micro_batch_size
+
+    @property
+    def per_rank_batch(self) -> int:
+        return rank_share(self.effective_batch_size, self.world_size, self.rank)
+
+    @property
+    def micro_sizes(self) -> list[int]:
+        return split_sizes(self.per_rank_batch, self.micro_batch_size)
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return len(self.micro_sizes)
+
+    def with_micro_batch(self, micro: int, source: str, **details: Any) -> BatchPlan:
+        """The plan with another training micro-batch; a larger evaluation micro-batch shrinks
+        in proportion (what did not fit in training will not fit in evaluation either)."""
+        evaluation = self.eval_micro_batch_size
+        if evaluation is not None:
+            evaluation = max(micro, evaluation * micro // self.micro_batch_size)
+        return BatchPlan(
+            self.effective_batch_size,
+            micro,
+            self.world_size,
+            self.rank,
+            source,
+            {**self.details, **details},
+            evaluation,
+        )
+
+    def with_eval_micro_batch(self, micro: int | None) -> BatchPlan:
+        return replace(self, eval_micro_batch_size=micro)
+
+    def describe(self) -> str:
+        sizes = self.micro_sizes
+        even = len(set(sizes)) == 1
+        split = f"{sizes[0]} x {len(sizes)}" if even else f"{'+'.join(map(str, sizes))}"
+        evaluation = (
+            f"; evaluation micro-batch {self.eval_micro_batch_size}"
+            if self.eval_micro_batch_size
+            else ""
+        )
+        return (
+            f"micro-batch {self.micro_batch_size} ({self.source}), accumulation "
+            f"{self.grad_accum_steps} [{split}] x world {self.world_size} = effective "
+            f"{self.effective_batch_size}{evaluation}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["grad_accum_steps"] = self.grad_accum_steps
+        out["micro_batch_sizes"] = self.micro_sizes
+        return out
+
+
+def fixed_plan(effective: int, micro: int, world_size: int, rank: int) -> BatchPlan:
+    if effective < world_size:
+        raise ConfigError(
+            f"training.effective_batch_size={effective} is smaller than the world size "
+            f"{world_size}; every rank needs at least one sample per step"
+        )
+    per_rank = rank_share(effective, world_size, rank)
+    return BatchPlan(effective, min(micro, per_rank), world_size, rank, "fixed")

@@ -1,0 +1,129 @@
+"""Checkpoints that are complete or absent, and safe to load.
+
+Each checkpoint is one file written to a temporary name, fsynced, then renamed into place: a
+crash leaves either the previous checkpoints or the new one, never half a file. Loading uses
+`torch.load(weights_only=True)`, which refuses to unpickle arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.core.atomic import atomic_write, fsync_dir
+from app.config.schema import ConfigError
+from app.core.outcomes import WriteFailed
+
+_NAME = re.compile(r"^step_(\d{8})\.pt$")
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    return directory / f"step_{step:08d}.pt"
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write step `step`'s checkpoint, then drop all but the last `keep`. Raises WriteFailed
+    (one line; the earlier checkpoints intact, no temporary file left) when the write fails."""
+    final = checkpoint_path(directory, step)
+    remove_stale_temporaries(directory)
+    try:
+        atomic_write(final, lambda f: torch.save(state, f))
+        fsync_dir(directory)  # make the rename itself durable before older checkpoints go
+    except (OSError, RuntimeError) as exc:  # torch reports a full disk as a RuntimeError
+        raise WriteFailed(
+            f"could not write checkpoint {final} ({_why(exc, directory)}); the earlier "
+            "checkpoints are intact"
+        ) from None
+    for old in list_checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def _why(exc: BaseException, directory: Path) -> str:
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return os.strerror(exc.errno)
+    with contextlib.suppress(OSError):
+        if shutil.disk_usage(directory).free < 1 << 20:
+            return os.strerror(errno.ENOSPC)
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def remove_stale_temporaries(directory: Path) -> None:
+    """Temporary files of checkpoint writes that a kill interrupted (see app/atomic.py)."""
+    if directory.is_dir():
+        for tmp in directory.glob(".step_*.pt.*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
+def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
+    """`auto`: this run's latest checkpoint if any; a path: a run dir, checkpoint dir or file."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = list_checkpoints(run_dir / "checkpoints")
+        return found[-1] if found else None
+    path = Path(resume)
+    for candidate in (path / "checkpoints", path):
+        if candidate.is_dir():
+            found = list_checkpoints(candidate)
+            if found:
+                return found[-1]
+    if path.is_file():
+        return path
+    raise ConfigError(
+        f"training.resume={resume!r}: no checkpoint there; give a run directory, its "
+        "checkpoints/ directory, a step_*.pt file, or auto"
+    )
+
+
+def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint's state; `mmap` maps the tensors instead of reading them (a quick look)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:
+        raise ConfigError(
+            f"training.resume: checkpoint {path} is unreadable ({type(exc).__name__}); "
+            "point training.resume at an earlier step_*.pt"
+        ) from exc
+    missing = {"model", "optimizer", "scheduler", "step", "rng"} - set(state)
+    if missing:
+        raise ConfigError(
+            f"training.resume: checkpoint {path} lacks {', '.join(sorted(missing))}; "
+            "it was not written by this trainer"
+        )
+    return state
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_as_tuple(state["python"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    # Python's RNG state is nested tuples; the safe loader may hand back lists.
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list | tuple) else value
