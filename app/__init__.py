@@ -1,1 +1,2 @@
-"""hydratrain: a Hydra-configured PyTorch + transformers trainer whose entrypoint is also an Optuna objective."""
+"""hydratrain: a Hydra-configured PyTorch + transformers trainer whose entrypoint is also an
+Optuna objective."""

@@ -1,24 +1,59 @@
-"""The bridge between a run and whatever optimizes it.
+"""The one seam between a run and whatever optimizes it; the sweeper imports this module alone.
 
-The loop never imports Optuna: it gets a `Reporter`, calls `report()` at each evaluation and stops
-with `Pruned` when told to. Outside a sweep the reporter does nothing. The sweeper names the
-reporter's factory in `hpo.reporter` (a dotted path), so nothing here imports the sweeper.
+- the `hpo` settings (`HpoConfig`) and the check a sweep runs on every job config it composes
+  (`check_job_config`, the app's own validation, reduced to one line);
+- the `Reporter` a run reports to at each evaluation (the loop imports no Optuna: outside a
+  sweep the reporter does nothing), and the facts a run attaches to its trial (`TrialAttrs`);
+- what a run can be scored on (`objectives`: the summary.json keys and the metrics reported at
+  evaluations, each with the direction that is better);
+- how a run ended (`status_of`: a typed `Status`, never a class name), and the signal handling
+  and password masking both sides share.
 
-`objectives()` says what a run can be scored on: the summary keys and the metrics reported at
-each evaluation, each with the direction that is better. A task extends it through its
-`metrics`; the sweeper checks `hpo.metric` and `hpo.report_metric` against it before a trial.
+The sweeper names the reporter's factory in `hpo.reporter` (a dotted path), so nothing here
+imports the sweeper.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from omegaconf import DictConfig
+from app.config.compose import one_line
+from app.config.hpo import HpoConfig
+from app.core.errors import ConfigError, first_line
+from app.core.outcomes import Status, status_of
+from app.core.preemption import StopRequest, stop_on_signals
+from app.core.redact import MASK, URL_PASSWORD, mask_url_passwords
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+__all__ = [
+    "MASK",
+    "RUN_METRICS",
+    "URL_PASSWORD",
+    "ConfigError",
+    "HpoConfig",
+    "NullReporter",
+    "Objectives",
+    "Reporter",
+    "Status",
+    "StopRequest",
+    "TrialAttrs",
+    "build_reporter",
+    "check_job_config",
+    "first_line",
+    "mask_url_passwords",
+    "objectives",
+    "one_line",
+    "status_of",
+    "stop_on_signals",
+]
 
 # summary.json keys every run writes that a study may optimize, and which way is better. The
-# task adds final_val_<metric> for each of its metrics (app/tasks: Task.metrics).
+# task adds final_val_<metric> for each of its metrics (Metric.final).
 RUN_METRICS = {
     "tokens_per_sec": "maximize",
     "mfu": "maximize",
@@ -28,12 +63,28 @@ RUN_METRICS = {
 }
 
 
+@dataclass
+class TrialAttrs:
+    """What a run attaches to its trial (Optuna user attributes), once it ends."""
+
+    micro_batch_size: int | None = None
+    grad_accum_steps: int | None = None
+    effective_batch_size: int | None = None
+    peak_memory_bytes: int | None = None
+    tokens_per_sec: float | None = None
+    run_dir: str | None = None
+    status: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 class Reporter(Protocol):
     def report(self, step: int, metrics: dict[str, float]) -> bool:
         """Record intermediate metrics; return True when the run should stop (pruned)."""
         ...
 
-    def set_attrs(self, attrs: dict[str, Any]) -> None:
+    def set_attrs(self, attrs: TrialAttrs) -> None:
         """Attach facts about the run (batch plan, run dir, peak memory) to the trial."""
         ...
 
@@ -42,17 +93,18 @@ class NullReporter:
     def report(self, step: int, metrics: dict[str, float]) -> bool:
         return False
 
-    def set_attrs(self, attrs: dict[str, Any]) -> None:
+    def set_attrs(self, attrs: TrialAttrs) -> None:
         pass
 
 
-def build_reporter(cfg: DictConfig) -> Reporter:
+def build_reporter(hpo: HpoConfig | Any | None, config: Any) -> Reporter:
     """The trial's reporter when the sweeper made this run a trial, else a no-op."""
-    hpo = cfg.get("hpo")
-    if hpo is None or hpo.get("trial_number") is None or not hpo.get("reporter"):
+    number, path = getattr(hpo, "trial_number", None), getattr(hpo, "reporter", None)
+    if number is None or not path:  # not a trial (or another app's hpo node without them)
         return NullReporter()
-    module, _, name = str(hpo.reporter).rpartition(".")
-    return getattr(importlib.import_module(module), name)(cfg)
+    module, _, name = str(path).rpartition(".")
+    factory = getattr(importlib.import_module(module), name)
+    return factory(config)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -64,26 +116,25 @@ class Objectives:
 
 
 def objectives(cfg: DictConfig) -> Objectives | None:
-    """The objectives of a run of `cfg`; None when `cfg` is not a training run's config."""
+    """The objectives of a run of the composed job config `cfg`; None when it is not a training
+    run's config (a sweep of another app through this sweeper)."""
     task_cfg = cfg.get("task")
     if task_cfg is None:
         return None
     from app.components.tasks import TASKS
 
-    metrics = TASKS[task_cfg.name].metrics
-    final = {f"final_val_{m.name}": m.direction for m in metrics}
-    # The loop reports val_<name> and final_val_<name> (app/loop.py, _eval_and_report).
-    reported = {**{f"val_{m.name}": m.direction for m in metrics}, **final}
+    metrics = TASKS.get(str(task_cfg.name)).metrics
+    final = {m.final: m.direction for m in metrics}
+    reported = {**{m.reported: m.direction for m in metrics}, **final}
     return Objectives(final={**final, **RUN_METRICS}, reported=reported)
 
 
-def objective_value(summary: dict[str, Any], metric: str | list[str]) -> float | list[float]:
-    """The value(s) main() returns: one summary key, or several for multi-objective studies."""
-    names = [metric] if isinstance(metric, str) else list(metric)
-    values = []
-    for name in names:
-        if name not in summary:
-            raise KeyError(f"objective metric {name!r} is not in summary.json")
-        value = summary[name]
-        values.append(float("nan") if value is None else float(value))
-    return values[0] if isinstance(metric, str) else values
+def check_job_config(cfg: DictConfig) -> None:
+    """A training job's config through the app's own checks (ConfigError); any other app's
+    config passes untouched."""
+    from omegaconf import OmegaConf
+
+    from app.config.schema import TrainConfig, load_config
+
+    if OmegaConf.get_type(cfg) is TrainConfig:
+        load_config(cfg)

@@ -1,21 +1,24 @@
 """Entrypoint: `python -m app.train [GROUP=OPTION ...] [key=value ...]`.
 
 `main()` is the Hydra task and returns the objective, so the same function is the Optuna objective
-under `-m hpo=optuna`. Heavy imports (torch, transformers) wait until a run really starts, so
-`--help` and `--cfg job` answer at once.
+under `-m hpo=optuna`. The composed config is typed here, once (`load_config`); below, every
+function takes the typed slice it needs. Heavy imports (torch, transformers) wait until a run
+really starts, so `--help` and `--cfg job` answer at once.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import hydra
 from omegaconf import DictConfig
 
-from app.config.schema import ConfigError, register_configs
-from app.core.outcomes import RunOutcome
 from app.cli.preflight import preflight
-from app.cli.run_dir_guard import restore_after_refusal
+from app.config.schema import load_config, register_configs
+from app.core.errors import ConfigError
+from app.core.outcomes import Preempted, RunOutcome
+from app.core.run_dir_guard import restore_after_refusal
 
 register_configs()
 
@@ -25,26 +28,24 @@ def main(cfg: DictConfig) -> float | list[float]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from app.hpo import objective_value
     from app.engine.runner import run_training
 
     hc = HydraConfig.get()
     try:
-        summary = run_training(cfg, run_dir=hc.runtime.output_dir)
+        config = load_config(cfg)
+        summary = run_training(config, run_dir=hc.runtime.output_dir)
     except (ConfigError, RunOutcome) as exc:
         if hc.mode == RunMode.MULTIRUN:
             raise  # the sweeper maps it to the trial's state, with this message
         if isinstance(exc, ConfigError):
             restore_after_refusal()  # what Hydra and the loggers wrote before the refusal
         end_with_one_line(exc)
-    return objective_value(summary, cfg.objective)
+    return summary.objective(config.objective)
 
 
-def end_with_one_line(exc: Exception) -> None:
+def end_with_one_line(exc: Exception) -> NoReturn:
     """A single run that cannot go on ends with one line and a status that says why:
     2 a setting, 128 + signal number a preemption (the checkpoint is saved), 1 otherwise."""
-    from app.core.outcomes import Preempted
-
     if isinstance(exc, Preempted):
         print(f"stopped: {exc}", file=sys.stderr, flush=True)
         sys.exit(128 + exc.signum)

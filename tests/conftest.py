@@ -75,9 +75,38 @@ def tiny(tmp_path: Path, *extra: str) -> list[str]:
 
 
 def compose(overrides: list[str]):
-    from app.cli.preflight import compose as _compose
+    """The composed config (a DictConfig), as Hydra hands it to the entry."""
+    from app.config.compose import compose as _compose
 
     return _compose("train", overrides)
+
+
+def config(overrides: list[str]):
+    """The typed, checked config a run works from (what app.train makes of the command line)."""
+    from app.config.schema import load_config
+
+    return load_config(compose(overrides))
+
+
+def resolved(node):
+    """A config dataclass built in a test, with its interpolated defaults resolved as Hydra
+    would (data.tokenizer: ${model_tokenizer:byte}, data.cache_dir: ${oc.env:...})."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.structured(node))
+
+
+def lm_model(vocab: int = 64, **sizes: int):
+    """An untrained GPT-2 of the model family the default run builds (tiny unless `sizes`)."""
+    from app.components.models.config import ModelConfig
+    from app.components.models.families import MODELS
+    from app.components.tasks.base import TaskData
+    from app.components.tasks.causal_lm import CausalLM
+
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 32, "max_position_embeddings": 32, **sizes}
+    m = ModelConfig(name="t", **shape)
+    empty = torch.empty(0, dtype=torch.long)
+    return MODELS.get(m.arch).build(m, TaskData(empty, empty, vocab, "test"), CausalLM())
 
 
 def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:

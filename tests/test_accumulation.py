@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from app.engine.batch.plan import BatchPlan, fixed_plan, rank_share, split_sizes
-from app.config.schema import ModelConfig, TrainingConfig
 from app.components.hardware.precision import PrecisionPlan
-from app.engine.loop import Run, train_step
-from app.components.models.build import build_model
-from app.components.optim.adamw import build_optimizer, build_scheduler
+from app.components.optim import OPTIMIZERS
+from app.components.schedule import build_scheduler
+from app.components.tasks.causal_lm import CausalLM
+from app.config import TrainingConfig
+from app.engine.batch.plan import BatchPlan, fixed_plan, rank_share, split_sizes
+from app.engine.run import Run
+from app.engine.step import loss_sum, train_step
+from tests.conftest import lm_model
 
 FP32 = PrecisionPlan("fp32", None, False, False, "test")
 
@@ -41,10 +43,7 @@ def test_plan_never_exceeds_the_rank_share():
 
 def _tiny_model_and_blocks(seed: int = 0):
     torch.manual_seed(seed)
-    mcfg = OmegaConf.structured(
-        ModelConfig(name="t", n_layer=1, n_head=2, n_embd=32, max_position_embeddings=32)
-    )
-    model = build_model(mcfg, vocab_size=64)
+    model = lm_model(vocab=64)
     blocks = torch.randint(0, 64, (32, 17))
     # Padding (negative) at the ends of some sequences: target-token counts differ per sample.
     for i in range(32):
@@ -55,15 +54,13 @@ def _tiny_model_and_blocks(seed: int = 0):
 
 
 def _run(model, micro: int, optimizer_kind: str) -> Run:
-    tcfg = OmegaConf.structured(
-        TrainingConfig(lr=1e-2, warmup_steps=0, max_steps=10, max_grad_norm=0.0)
-    )
+    tcfg = TrainingConfig(lr=1e-2, warmup_steps=0, max_steps=10, max_grad_norm=0.0)
     if optimizer_kind == "sgd":
         # SGD with lr 1: the step moves each parameter by exactly its gradient, so any error in
         # the loss normalization shows. Adam's first step is ~lr * sign(grad) and would hide it.
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     else:
-        optimizer = build_optimizer(model, tcfg)
+        optimizer = OPTIMIZERS.get("adamw").create(model, tcfg)
     return Run(
         model=model,
         raw_model=model,
@@ -76,6 +73,7 @@ def _run(model, micro: int, optimizer_kind: str) -> Run:
         steps=iter(()),
         val_blocks=torch.zeros(1, 17, dtype=torch.long),
         run_dir=None,
+        task=CausalLM(),
     )
 
 
@@ -105,11 +103,9 @@ def test_one_step_is_the_same_for_any_micro_batch(optimizer_kind):
 
 def test_per_micro_batch_averaging_would_differ():
     """The check above can fail: averaging per micro-batch (the old Trainer bug) moves the step."""
-    from app.engine.loop import inputs_and_targets, loss_sum
-
     model, blocks = _tiny_model_and_blocks()
     run = _run(model, 8, "sgd")
-    x, y = inputs_and_targets(blocks)
+    x, y = run.task.inputs_and_targets(blocks)
     for i in range(0, 32, 8):
         part = loss_sum(run, x[i : i + 8], y[i : i + 8]) / (y[i : i + 8] != -100).sum()
         (part / 4).backward()

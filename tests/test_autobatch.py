@@ -1,4 +1,4 @@
-"""training.micro_batch_size=auto: the probe, the choice, the cache (app/batch/probe.py)."""
+"""training.micro_batch_size=auto: the probe, the choice, the cache (app/engine/batch/)."""
 
 from __future__ import annotations
 
@@ -9,53 +9,50 @@ from pathlib import Path
 import pytest
 import torch
 
-import app.engine.loop as loop
+from app.components.optim import OPTIMIZERS
+from app.config import load_config
+from app.config.compose import compose
+from app.core.outcomes import TrainingOOM
 from app.engine import checkpoint as ckpt
 from app.engine.batch import cache as batch_cache
-from app.engine.batch import probe as autobatch
-from app.engine.distributed import DistInfo
-from app.core.outcomes import TrainingOOM
-from app.cli.preflight import compose
+from app.engine.batch import choice
+from app.engine.batch.probe import auto_plan
+from app.engine.run import Observers
 from tests.conftest import AUTO_TINY
+from tests.fakes import Attempts, RecordingLM
 
 
 def tiny_cfg(cache: Path, *overrides: str, base: list[str] = AUTO_TINY):
-    return compose("train", [*base, f"data.cache_dir={cache}", *overrides])
+    return load_config(compose("train", [*base, f"data.cache_dir={cache}", *overrides]))
 
 
-def parts(cfg):
+def parts(cfg, task=None):
     """What runner.build_run hands to auto_plan, without the rest of the run."""
-    from app.engine.context import RunContext
     from app.components.hardware.devices import detect_device, effective_preset
     from app.components.hardware.precision import resolve_precision
     from app.components.tasks import build_task
+    from app.engine.run import Machine
+    from app.engine.runner import probe_setup
 
     device = detect_device(cfg.gpu)
     preset = effective_preset(cfg.gpu, device)
-    precision = resolve_precision(cfg.precision.name, device, preset)
-    ctx = RunContext(cfg, device, preset, precision, DistInfo(), build_task(cfg.task))
-    data = ctx.task.load_data(cfg.data)
+    machine = Machine(device, preset, resolve_precision(cfg.precision.name, device, preset))
+    setup = probe_setup(cfg, machine, task or build_task(cfg.task))
+    data = setup.task.load_data(cfg.data)
     torch.manual_seed(cfg.training.seed)
-    model = ctx.task.build_model(cfg.model, data)
-    return ctx, model, data
+    model = setup.task.build_model(cfg.model, data)
+    return setup, model, data
 
 
-def plan_for(cfg):
-    return autobatch.auto_plan(*parts(cfg))
+def plan_for(cfg, task=None, meter=None):
+    return auto_plan(*parts(cfg, task), meter)
 
 
 @pytest.fixture
-def probe_steps(monkeypatch):
-    """Counts the micro-batches the probe trains (every probe step goes through _steps)."""
-    counted: list[int] = []
-    original = autobatch.Probe._steps
-
-    def counting(self, micro, warmup, timed):
-        counted.extend([micro] * (warmup + timed))
-        return original(self, micro, warmup, timed)
-
-    monkeypatch.setattr(autobatch.Probe, "_steps", counting)
-    return counted
+def probing():
+    """A task whose training forwards the probe runs are counted: every probe step of a
+    candidate trains one micro-batch of that size."""
+    return RecordingLM()
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -71,45 +68,46 @@ def trial(sps=None, oom=False, peak=0.1):
 
 def test_choice_takes_the_fastest_fit_near_the_top_not_the_largest():
     trials = {8: trial(900.0), 16: trial(1000.0), 32: trial(700.0), 64: trial(oom=True)}
-    assert autobatch.choose(trials, 0.9, 64, 64, throughput_aware=True) == (16, "throughput")
-    assert autobatch.choose(trials, 0.9, 64, 64, throughput_aware=False) == (32, "largest")
+    assert choice.choose(trials, 0.9, 64, 64, throughput_aware=True) == (16, "throughput")
+    assert choice.choose(trials, 0.9, 64, 64, throughput_aware=False) == (32, "largest")
 
 
 def test_choice_honours_the_memory_margin_and_sticky_failures():
     # 32 did not crash but left less than the margin free; 8 fits yet lies above a failure at 6.
     trials = {4: trial(peak=0.5), 16: trial(peak=0.8), 32: trial(peak=0.95)}
-    assert autobatch.choose(trials, 0.9, 64, 64, throughput_aware=False) == (16, "largest")
+    assert choice.choose(trials, 0.9, 64, 64, throughput_aware=False) == (16, "largest")
     trials |= {6: trial(oom=True), 8: trial(peak=0.6)}
-    assert autobatch.choose(trials, 0.9, 64, 64, throughput_aware=False) == (4, "largest")
+    assert choice.choose(trials, 0.9, 64, 64, throughput_aware=False) == (4, "largest")
 
 
 def test_choice_trims_to_the_split_and_raises_when_nothing_fits():
-    assert autobatch.fit_split(32, 12) == 11  # 32 = 11 + 11 + 10
-    assert autobatch.split_candidates(32, 12) == [11, 8, 7]
+    assert choice.fit_split(32, 12) == 11  # 32 = 11 + 11 + 10
+    assert choice.split_candidates(32, 12) == [11, 8, 7]
     trials = {12: trial(), 13: trial(oom=True)}
-    assert autobatch.choose(trials, 0.9, 32, 32, throughput_aware=False) == (11, "largest")
+    assert choice.choose(trials, 0.9, 32, 32, throughput_aware=False) == (11, "largest")
     with pytest.raises(TrainingOOM):
-        autobatch.choose({1: trial(oom=True)}, 0.9, 32, 32, throughput_aware=True)
+        choice.choose({1: trial(oom=True)}, 0.9, 32, 32, throughput_aware=True)
 
 
 # --- the probe -------------------------------------------------------------------------------
 
 
 def test_probe_honours_injected_ooms_and_leaves_model_optimizer_and_rng_untouched(
-    cache_dir, probe_steps
+    cache_dir, probing
 ):
     cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto", "faults.oom_above_micro_batch=12")
-    ctx, model, data = parts(cfg)
+    setup, model, data = parts(cfg, probing)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = ckpt.rng_state()
-    plan = autobatch.auto_plan(ctx, model, data)
+    plan = auto_plan(setup, model, data)
 
     assert plan.source == "probed" and plan.micro_batch_size <= 12
     assert sum(plan.micro_sizes) == 32 and max(plan.micro_sizes) == plan.micro_batch_size
     rows = {r["micro"]: r for r in plan.details["candidates"]}
     assert rows[12]["fits"] and rows[13]["oom"] and not rows[13]["fits"]  # bisected to 12|13
     assert all(r["oom"] for m, r in rows.items() if m > 12)
-    assert max(probe_steps) > 12  # the probe really tried (and failed) above the limit
+    assert max(rows) > 12 and rows[max(rows)]["oom"]  # it really tried (and failed) above 12
+    assert max(probing.forwards) <= 12  # injected OOMs fire before the forward
     torch.testing.assert_close(model.state_dict(), before, rtol=0, atol=0)
     assert all(p.grad is None for p in model.parameters())
     assert model.training
@@ -118,78 +116,57 @@ def test_probe_honours_injected_ooms_and_leaves_model_optimizer_and_rng_untouche
 
 def test_probe_optimizer_state_does_not_leak_into_the_run(cache_dir):
     # build_run makes the run's optimizer after the probe: it must start empty.
-    from app.components.optim.adamw import build_optimizer
-
     cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto")
-    ctx, model, data = parts(cfg)
-    autobatch.auto_plan(ctx, model, data)
-    assert not build_optimizer(model, cfg.training).state
+    setup, model, data = parts(cfg)
+    auto_plan(setup, model, data)
+    assert not OPTIMIZERS.get(cfg.training.optimizer).create(model, cfg.training).state
 
 
-def test_cpu_probe_of_the_default_model_takes_seconds_within_its_bounds(cache_dir, probe_steps):
+def test_cpu_probe_of_the_default_model_stays_within_its_bounds(cache_dir, probing):
     base = ["gpu=cpu", "data.builtin_num_docs=300"]  # the default tiny_gpt2 at seq_len 128
     cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto", base=base)
-    plan = plan_for(cfg)
+    plan = plan_for(cfg, probing)
     ab = cfg.training.auto_batch
     d = plan.details
     assert d["probe_seconds"] <= ab.max_probe_seconds and d["probe_steps"] <= ab.max_probe_steps
-    assert d["probe_seconds"] < 30  # "seconds, not minutes", with slack for a loaded machine
-    assert len(probe_steps) == d["probe_steps"]
-    assert max(probe_steps) <= min(ab.cpu_max_micro_batch, cfg.training.effective_batch_size)
+    assert len(probing.forwards) == d["probe_steps"]
+    assert max(probing.forwards) <= min(ab.cpu_max_micro_batch, cfg.training.effective_batch_size)
 
 
-def test_probe_stops_at_its_step_bound_with_the_best_fit_so_far(cache_dir, probe_steps):
+def test_probe_stops_at_its_step_bound_with_the_best_fit_so_far(cache_dir, probing):
     cfg = tiny_cfg(
         cache_dir,
         "training.micro_batch_size=auto",
         "training.auto_batch.max_probe_steps=5",
         "training.auto_batch.throughput_aware=false",
     )
-    plan = plan_for(cfg)
-    assert len(probe_steps) == plan.details["probe_steps"] <= 5
+    plan = plan_for(cfg, probing)
+    assert len(probing.forwards) == plan.details["probe_steps"] <= 5
     assert plan.micro_batch_size == 2  # 1 and 2 fit (2 steps each); 4 would pass the bound
 
 
 # --- end to end: faults.oom_above_micro_batch=12 --------------------------------------------
 
 
-def run_recording_steps(cfg, run_dir: Path, monkeypatch) -> tuple[dict, list[list[int]]]:
-    """run_training, recording the micro-batch sizes of each optimizer step's last attempt."""
+def run_recording_steps(cfg, run_dir: Path):
+    """run_training, recording the micro-batch sizes of each optimizer step's attempts."""
     from app.engine.runner import run_training
 
-    steps: list[list[int]] = []
-    orig_step, orig_loss = loop.train_step, loop.loss_sum
-
-    def train_step(run, blocks, step):
-        steps.append([])
-        return orig_step(run, blocks, step)
-
-    def loss_sum(run, x, y, *model):
-        if torch.is_grad_enabled() and steps:
-            steps[-1].append(len(x))
-        return orig_loss(run, x, y, *model)
-
-    monkeypatch.setattr(loop, "train_step", train_step)
-    monkeypatch.setattr(loop, "loss_sum", loss_sum)
-    try:
-        return run_training(cfg, run_dir), steps
-    finally:
-        monkeypatch.setattr(loop, "train_step", orig_step)
-        monkeypatch.setattr(loop, "loss_sum", orig_loss)
+    task = RecordingLM(cfg.task)
+    summary = run_training(cfg, run_dir, Observers(hooks=Attempts()), task=task)
+    return summary, [sizes for _, sizes in task.attempts]
 
 
-def test_auto_under_injected_oom_trains_exactly_like_that_micro_batch_fixed(
-    cache_dir, tmp_path, monkeypatch
-):
+def test_auto_under_injected_oom_trains_exactly_like_that_micro_batch_fixed(cache_dir, tmp_path):
     faults = ["faults.oom_above_micro_batch=12", "training.auto_batch.throughput_aware=false"]
     cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto", *faults)
-    auto, steps = run_recording_steps(cfg, tmp_path / "auto", monkeypatch)
-    assert auto["batch_source"] == "probed" and auto["micro_batch_size"] == 11
-    assert auto["micro_batch_sizes"] == [11, 11, 10]  # the uneven split keeps 32 exact
-    assert steps == [[11, 11, 10]] * 6 and auto["oom_count"] == 0
+    auto, steps = run_recording_steps(cfg, tmp_path / "auto")
+    assert auto.batch_source == "probed" and auto.micro_batch_size == 11
+    assert auto.micro_batch_sizes == [11, 11, 10]  # the uneven split keeps 32 exact
+    assert steps == [[11, 11, 10]] * 6 and auto.oom_count == 0
 
     fixed_cfg = tiny_cfg(cache_dir, "training.micro_batch_size=11", *faults)
-    run_recording_steps(fixed_cfg, tmp_path / "fixed", monkeypatch)
+    run_recording_steps(fixed_cfg, tmp_path / "fixed")
     a, f = read_jsonl(tmp_path / "auto/metrics.jsonl"), read_jsonl(tmp_path / "fixed/metrics.jsonl")
     for key in ("train/loss", "val/loss", "train/grad_norm"):
         got = [r[key] for r in a if key in r]
@@ -203,25 +180,26 @@ def test_auto_under_injected_oom_trains_exactly_like_that_micro_batch_fixed(
 # --- the cache -------------------------------------------------------------------------------
 
 
-def test_same_shape_reads_the_cache_and_a_new_shape_probes_again(cache_dir, probe_steps):
+def test_same_shape_reads_the_cache_and_a_new_shape_probes_again(cache_dir, probing):
     cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto", "training.effective_batch_size=8")
-    first = plan_for(cfg)
-    assert first.source == "probed" and probe_steps
-    probe_steps.clear()
+    first = plan_for(cfg, probing)
+    assert first.source == "probed" and probing.forwards
+    probing.forwards.clear()
 
-    again = plan_for(cfg)
-    assert again.source == "cached" and again.details["probe_steps"] == 0 and not probe_steps
+    again = plan_for(cfg, probing)
+    assert again.source == "cached" and again.details["probe_steps"] == 0
+    assert not probing.forwards
     assert again.micro_batch_size == first.micro_batch_size
 
     for change in ("data.seq_len=16", "precision=bf16"):
         auto = ["training.micro_batch_size=auto", "training.effective_batch_size=8"]
-        plan = plan_for(tiny_cfg(cache_dir, *auto, change))
-        assert plan.source == "probed" and probe_steps, change
-        probe_steps.clear()
+        plan = plan_for(tiny_cfg(cache_dir, *auto, change), probing)
+        assert plan.source == "probed" and probing.forwards, change
+        probing.forwards.clear()
     assert len(list((cache_dir / "autobatch").glob("microbatch-*.json"))) == 3
 
 
-def test_cache_off_always_probes(cache_dir, probe_steps):
+def test_cache_off_always_probes(cache_dir):
     cfg = tiny_cfg(
         cache_dir,
         "training.micro_batch_size=auto",
@@ -233,22 +211,28 @@ def test_cache_off_always_probes(cache_dir, probe_steps):
     assert not (cache_dir / "autobatch").exists()
 
 
+def key_of(cache_dir, model, *overrides: str) -> str:
+    setup, _, _ = parts(tiny_cfg(cache_dir, *overrides))
+    return batch_cache.key_hash(batch_cache.cache_key(setup, model))
+
+
 def test_cache_key_holds_what_changes_memory(cache_dir):
-    cfg = tiny_cfg(cache_dir)
-    ctx, model, _ = parts(cfg)
-    key = batch_cache.cache_key(ctx, model)
+    setup, model, _ = parts(tiny_cfg(cache_dir))
+    key = batch_cache.cache_key(setup, model)
     assert {"device", "model", "seq_len", "precision", "gradient_checkpointing", "compile"} <= set(
         key
     )
     assert {"optimizer", "torch", "faults"} <= set(key)
     base = batch_cache.key_hash(key)
-    for change in ("model.gradient_checkpointing=true", "faults.oom_above_micro_batch=3"):
-        ctx.cfg = tiny_cfg(cache_dir, change)
-        other = batch_cache.cache_key(ctx, model)
-        assert batch_cache.key_hash(other) != base, change
-    ctx.cfg = tiny_cfg(cache_dir, "training.effective_batch_size=64")
-    same = batch_cache.cache_key(ctx, model)
-    assert batch_cache.key_hash(same) == base  # the effective batch does not change memory per step
+    for change in (
+        "model.gradient_checkpointing=true",
+        "faults.oom_above_micro_batch=3",
+        "training.optimizer=lion",  # its own state size: its own entry
+        "training.optimizer=adafactor",
+    ):
+        assert key_of(cache_dir, model, change) != base, change
+    # The effective batch does not change memory per step.
+    assert key_of(cache_dir, model, "training.effective_batch_size=64") == base
 
 
 def test_concurrent_writers_merge_and_never_corrupt(tmp_path):
@@ -281,29 +265,33 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_and_rewritten(tmp_path):
     assert entry["trials"][8]["samples_per_sec"] == 1.0 and entry["searched_up_to"] == 8
 
 
-def test_the_measured_peak_memory_caps_the_probe(cache_dir, monkeypatch):
+class LinearMemory:
+    """A memory meter whose peak grows 5 % of the machine per sample of the candidate being
+    probed (the last training forward of the recording task)."""
+
+    def __init__(self, task: RecordingLM) -> None:
+        self.task = task
+
+    def reset(self) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def peak_fraction(self) -> float:
+        return self.task.forwards[-1] * 0.05
+
+
+def test_the_measured_peak_memory_caps_the_probe(cache_dir, probing):
     """Sizes whose measured peak is above the limit fail like an OOM does, so the probe stops
-    below them. The 'memory' here grows 5 % of the machine per sample: 10 fits under 0.5."""
-    from app.components.hardware.memory import host_memory_bytes
-
-    current = [0]
-    original = autobatch.Probe._steps
-
-    def remember(self, micro, warmup, timed):
-        current[0] = micro
-        return original(self, micro, warmup, timed)
-
-    monkeypatch.setattr(autobatch.Probe, "_steps", remember)
-    monkeypatch.setattr(
-        autobatch, "host_peak_bytes", lambda: current[0] * host_memory_bytes() // 20
-    )
+    below them: 10 fits under 0.5."""
     cfg = tiny_cfg(
         cache_dir,
         "training.micro_batch_size=auto",
         "training.auto_batch.cpu_memory_fraction=0.5",
         "training.auto_batch.throughput_aware=false",
     )
-    plan = plan_for(cfg)
+    plan = plan_for(cfg, probing, LinearMemory(probing))
     rows = {r["micro"]: r for r in plan.details["candidates"]}
     assert rows[16]["fits"] is False and rows[16]["oom"] is False  # refused by memory, no OOM
     assert rows[10]["fits"] and not rows[11]["fits"]

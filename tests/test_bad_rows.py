@@ -9,13 +9,12 @@ import logging
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from app.config.schema import ConfigError, DataConfig, validate
 from app.components.data.labelled import load_labelled
-from app.components.data.sources import expand_paths, file_set, read_files
+from app.components.data.rows import expand_paths, file_set, read_files
 from app.components.data.tokens import load_token_data
-from tests.conftest import compose, run_cli
+from app.config import ConfigError, DataConfig, load_config
+from tests.conftest import compose, resolved, run_cli
 
 WORDS = ["the", "cat", "dog", "eats", "fish", "runs", "at", "night", "red", "small"]
 
@@ -39,7 +38,7 @@ def _pairs(n: int = 40, labels: tuple = (0, 1)) -> list[dict]:
 def _cfg(tmp_path: Path, paths: list[Path], **overrides):
     """Labelled rows or causal-LM rows (the same DataConfig) from `paths`, byte tokenizer."""
     overrides.setdefault("seq_len", 16)
-    return OmegaConf.structured(
+    return resolved(
         DataConfig(
             name="t",
             source="datasets",
@@ -81,7 +80,7 @@ def test_two_classes_load(tmp_path):
 def test_task_labels_must_be_at_least_two_distinct_names(labels, needle, tmp_path):
     cfg = compose(["experiment=nli_tiny", f"task.labels={labels}"])
     with pytest.raises(ConfigError, match=needle):
-        validate(cfg)
+        load_config(cfg)
 
 
 def test_the_lm_corpus_with_task_classification_names_the_classification_data(tmp_path):
@@ -92,7 +91,7 @@ def test_the_lm_corpus_with_task_classification_names_the_classification_data(tm
         r"data=tiny_corpus gives task=classification \(premise, hypothesis, label\); labelled "
         r"data: data=tiny_nli, data=mnli",
     ):
-        validate(cfg)
+        load_config(cfg)
 
 
 # --- text columns: strings only, nulls dropped in both tasks ---------------------------------
@@ -127,7 +126,7 @@ def _with_nulls(n: int = 40, every: int = 10) -> list[dict]:
 
 def test_classification_drops_rows_with_a_null_text_and_says_how_many(tmp_path, caplog):
     path = _jsonl(tmp_path / "rows.jsonl", _with_nulls())
-    with caplog.at_level(logging.WARNING, logger="app.components.data.sources"):
+    with caplog.at_level(logging.WARNING, logger="app.components.data.rows"):
         data = load_labelled(_cfg(tmp_path, [path]), None)
     assert len(data.train.labels) + len(data.val.labels) == 36  # not "None" as a text
     assert "train split: 4 rows with a null data.text_column='text'" in caplog.text
@@ -135,7 +134,7 @@ def test_classification_drops_rows_with_a_null_text_and_says_how_many(tmp_path, 
 
 def test_causal_lm_drops_rows_with_a_null_text_and_says_how_many(tmp_path, caplog):
     path = _jsonl(tmp_path / "rows.jsonl", _with_nulls(400))
-    with caplog.at_level(logging.WARNING, logger="app.components.data.sources"):
+    with caplog.at_level(logging.WARNING, logger="app.components.data.rows"):
         data = load_token_data(_cfg(tmp_path, [path]))
     assert "train split: 40 rows with a null data.text_column='text'" in caplog.text
     # One end-of-document token per document: 360 rows kept, not 400 (an empty document each).

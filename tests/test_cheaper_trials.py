@@ -9,16 +9,17 @@ import pytest
 import torch
 
 import app.components.data.memo as memo
-from app.engine import runner
-from app.core.outcomes import Pruned
-from app.cli.preflight import compose
-from app.engine.runner import run_training
 from app.components.tasks.causal_lm import CausalLM
+from app.config import DataConfig, load_config
+from app.config.compose import compose
+from app.core.outcomes import Pruned
+from app.engine.run import Observers
+from app.engine.runner import run_training
 from tests.conftest import AUTO_TINY
 
 
 def tiny_cfg(cache, *overrides: str):
-    return compose("train", [*AUTO_TINY, f"data.cache_dir={cache}", *overrides])
+    return load_config(compose("train", [*AUTO_TINY, f"data.cache_dir={cache}", *overrides]))
 
 
 @pytest.fixture
@@ -44,11 +45,11 @@ def test_auto_evaluates_at_four_times_the_micro_batch_with_the_same_loss(
     eval_sizes.clear()
     auto = ["training.eval_micro_batch_size=auto"]
     larger = run_training(tiny_cfg(cache_dir, *four, *auto), tmp_path / "auto")
-    assert {size for size, _ in eval_sizes} == {16} and larger["eval_micro_batch_size"] == 16
+    assert {size for size, _ in eval_sizes} == {16} and larger.eval_micro_batch_size == 16
     assert all(inference for _, inference in eval_sizes)  # no autograd bookkeeping at all
     # The same validation tokens summed in larger chunks: the same loss.
-    assert larger["final_val_loss"] == pytest.approx(same["final_val_loss"], rel=1e-6)
-    assert larger["evaluations"] == 3 and larger["eval_time_s"] > 0  # steps 0, 3, 6
+    assert larger.final_val["loss"] == pytest.approx(same.final_val["loss"], rel=1e-6)
+    assert larger.evaluations == 3 and larger.eval_time_s > 0  # steps 0, 3, 6
 
 
 def test_an_int_sets_the_evaluation_micro_batch_and_is_capped_by_the_samples(
@@ -76,14 +77,14 @@ def test_an_oom_at_the_larger_eval_micro_batch_shrinks_evaluation_only(
         tmp_path / "run",
     )
     # Training keeps its micro-batch; evaluation halves from 16 to 8, which fits.
-    assert summary["status"] == "completed" and summary["micro_batch_size"] == 4
-    assert summary["oom_count"] == 1
+    assert summary.status == "completed" and summary.micro_batch_size == 4
+    assert summary.oom_count == 1
     assert [size for size, _ in eval_sizes][-4:] == [8, 8, 8, 8]
     ref = run_training(
         tiny_cfg(cache_dir, "training.micro_batch_size=4", "training.eval_samples=32"),
         tmp_path / "ref",
     )
-    assert summary["final_val_loss"] == pytest.approx(ref["final_val_loss"], rel=1e-6)
+    assert summary.final_val["loss"] == pytest.approx(ref.final_val["loss"], rel=1e-6)
 
 
 class PruneAt:
@@ -101,19 +102,17 @@ class PruneAt:
         pass
 
 
-def test_a_trial_is_never_pruned_at_its_last_evaluation(cache_dir, tmp_path, monkeypatch):
+def test_a_trial_is_never_pruned_at_its_last_evaluation(cache_dir, tmp_path):
     reporter = PruneAt(6)
-    monkeypatch.setattr(runner, "build_reporter", lambda cfg: reporter)
-    summary = run_training(tiny_cfg(cache_dir), tmp_path / "last")
+    summary = run_training(tiny_cfg(cache_dir), tmp_path / "last", Observers(reporter=reporter))
     # The final value was reported and stands: the trial completed with it.
-    assert reporter.reported == [0, 3, 6] and summary["status"] == "completed"
-    assert summary["final_val_loss"] is not None
+    assert reporter.reported == [0, 3, 6] and summary.status == "completed"
+    assert summary.final_val["loss"] is not None
 
 
-def test_a_trial_is_pruned_at_an_earlier_evaluation(cache_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "build_reporter", lambda cfg: PruneAt(3))
+def test_a_trial_is_pruned_at_an_earlier_evaluation(cache_dir, tmp_path):
     with pytest.raises(Pruned):
-        run_training(tiny_cfg(cache_dir), tmp_path / "early")
+        run_training(tiny_cfg(cache_dir), tmp_path / "early", Observers(reporter=PruneAt(3)))
     summary = json.loads((tmp_path / "early" / "summary.json").read_text())
     assert summary["status"] == "pruned" and summary["steps"] == 3
 
@@ -143,17 +142,14 @@ def test_the_data_is_loaded_once_per_process_while_its_config_stays(
 def test_the_data_memo_key_follows_the_files_and_needs_none_for_generated_data(tmp_path):
     import os
 
-    from omegaconf import OmegaConf
-
-    from app.config.schema import DataConfig
     from app.components.data.memo import data_key
 
     text = tmp_path / "a.txt"
     text.write_text("one document\n")
-    files = OmegaConf.structured(DataConfig(source="text_files", paths=[str(text)]))
+    files = DataConfig(source="text_files", paths=[str(text)])
     before = data_key("causal_lm", files)
     text.write_text("another, longer document\n")
     os.utime(text, ns=(1, 1))
     assert data_key("causal_lm", files) != before  # edited between two trials: read again
-    generated = OmegaConf.structured(DataConfig(source="synthetic", paths=["/nowhere/*.txt"]))
+    generated = DataConfig(source="synthetic", paths=["/nowhere/*.txt"])
     assert data_key("causal_lm", generated)  # no files to look at, none looked for

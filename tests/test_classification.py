@@ -8,19 +8,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from app.engine import checkpoint as ckpt
-from app.engine.batch.plan import BatchPlan
-from app.config.schema import ModelConfig, TrainingConfig
 from app.components.data.loader import StepDataset, step_sample_indices
 from app.components.data.padded import PaddedRows, padded_length
 from app.components.hardware.precision import PrecisionPlan
-from app.engine.loop import Run, train_step
-from app.components.optim.adamw import build_scheduler
-from app.engine.runner import run_training
+from app.components.models.families import MODELS
+from app.components.schedule import build_scheduler
+from app.components.tasks.base import TaskData
 from app.components.tasks.classification import SequenceClassification
-from tests.conftest import compose, run_cli
+from app.config import ModelConfig, TaskConfig, TrainingConfig
+from app.engine import checkpoint as ckpt
+from app.engine.batch.plan import BatchPlan
+from app.engine.run import Run
+from app.engine.runner import run_training
+from app.engine.step import train_step
+from tests.conftest import config, run_cli
 
 FP32 = PrecisionPlan("fp32", None, False, False, "test")
 # The tiny NLI experiment, shrunk to seconds on two shared cores.
@@ -64,21 +66,21 @@ def _rows(n: int = 32, width: int = 24, vocab: int = 50, seed: int = 0) -> Padde
 
 
 def _classifier(arch: str = "bert", seed: int = 0) -> torch.nn.Module:
-    from app.components.models.classifiers import build_classifier
-
     torch.manual_seed(seed)
-    cfg = OmegaConf.structured(
-        ModelConfig(name="t", arch=arch, n_layer=1, n_head=2, n_embd=32, max_position_embeddings=32)
-    )
-    return build_classifier(cfg, 50, ["a", "b", "c"], pad_id=0)
+    m = ModelConfig(name="t", arch=arch, n_layer=1, n_head=2, n_embd=32, max_position_embeddings=32)
+    empty = torch.empty(0)
+    data = TaskData(empty, empty, 50, "test", pad_id=0, info={"labels": ["a", "b", "c"]})
+    return MODELS.get(arch).build(m, data, SequenceClassification())
 
 
-def _step(micro: int, arch: str, smoothing: float = 0.1) -> dict[str, torch.Tensor]:
+def _step(
+    micro: int, arch: str, smoothing: float = 0.1, task_class: type = SequenceClassification
+) -> dict[str, torch.Tensor]:
     model = _classifier(arch)
-    tcfg = OmegaConf.structured(TrainingConfig(lr=1e-2, warmup_steps=0, max_grad_norm=0.0))
+    tcfg = TrainingConfig(lr=1e-2, warmup_steps=0, max_grad_norm=0.0)
     # SGD with lr 1: the step is the gradient itself, so any normalization error shows.
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    task = SequenceClassification(OmegaConf.create({"label_smoothing": smoothing, "labels": None}))
+    task = task_class(TaskConfig(name="classification", label_smoothing=smoothing))
     run = Run(
         model=model,
         raw_model=model,
@@ -106,14 +108,18 @@ def test_one_step_on_padded_pairs_is_the_same_for_any_split(arch):
             torch.testing.assert_close(other[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_a_mean_per_micro_batch_would_differ(monkeypatch):
-    """The check above can fail: dividing each micro-batch by its own size moves the step."""
-    import app.engine.loop as loop
+class MeanPerMicroBatch(SequenceClassification):
+    """The old Trainer bug: each micro-batch averaged on its own, then the averages averaged
+    (32 samples split 5,5,5,5,4,4,4: seven micro-batches)."""
 
+    def loss_sum(self, model, inputs, targets):
+        return super().loss_sum(model, inputs, targets) / len(targets) * 32 / 7
+
+
+def test_a_mean_per_micro_batch_would_differ():
+    """The check above can fail: dividing each micro-batch by its own size moves the step."""
     whole = _step(32, "bert")
-    real = loop.global_sum
-    monkeypatch.setattr(loop, "global_sum", lambda units, *a: real(units, *a) * 0 + 8)
-    buggy = _step(5, "bert")
+    buggy = _step(5, "bert", task_class=MeanPerMicroBatch)
     assert any(not torch.allclose(buggy[k], whole[k], rtol=1e-5, atol=1e-6) for k in whole)
 
 
@@ -189,27 +195,27 @@ def test_stop_and_resume_with_length_grouping_gives_identical_parameters(tmp_pat
     from app.core.outcomes import TrainingOOM
 
     base = nli(tmp_path, "training.checkpoint_every=3", "model.dropout=0.1")
-    straight = run_training(compose(base), tmp_path / "straight")
-    assert straight["status"] == "completed" and straight["task"] == "classification"
+    straight = run_training(config(base), tmp_path / "straight")
+    assert straight.status == "completed" and straight.task == "classification"
     crash = [
         "faults.oom_above_micro_batch=0",
         "faults.oom_from_step=3",
         "training.auto_batch.oom_recovery=false",
     ]
     with pytest.raises(TrainingOOM):
-        run_training(compose([*base, *crash]), tmp_path / "first")
+        run_training(config([*base, *crash]), tmp_path / "first")
     resumed = run_training(
-        compose([*base, f"training.resume={tmp_path / 'first'}"]), tmp_path / "second"
+        config([*base, f"training.resume={tmp_path / 'first'}"]), tmp_path / "second"
     )
-    assert resumed["resumed_from_step"] == 3
+    assert resumed.resumed_from_step == 3
     a, b = _final_model(tmp_path / "straight"), _final_model(tmp_path / "second")
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
-    assert resumed["final_val_accuracy"] == straight["final_val_accuracy"]
+    assert resumed.final_val["accuracy"] == straight.final_val["accuracy"]
 
 
 def test_a_run_reports_accuracy_f1_and_the_label_mapping(tmp_path):
-    summary = run_training(compose(nli(tmp_path)), tmp_path / "run")
+    summary = run_training(config(nli(tmp_path)), tmp_path / "run").to_json()
     for key in ("final_val_loss", "final_val_accuracy", "final_val_f1", "initial_val_accuracy"):
         assert 0 <= summary[key] <= 5, key
     assert summary["labels"] == ["entailment", "neutral", "contradiction"]
@@ -221,7 +227,7 @@ def test_a_run_reports_accuracy_f1_and_the_label_mapping(tmp_path):
 def test_an_oom_at_micro_batch_1_ends_in_status_oom(tmp_path):
     from app.core.outcomes import TrainingOOM
 
-    cfg = compose(nli(tmp_path, "training.micro_batch_size=auto", "faults.oom_above_micro_batch=0"))
+    cfg = config(nli(tmp_path, "training.micro_batch_size=auto", "faults.oom_above_micro_batch=0"))
     with pytest.raises(TrainingOOM):
         run_training(cfg, tmp_path / "run")
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "oom"
@@ -312,10 +318,14 @@ def test_labelled_files_train(fmt, tmp_path):
     table = datasets.Dataset.from_list(rows)
     {"jsonl": table.to_json, "csv": table.to_csv, "parquet": table.to_parquet}[fmt](str(path))
     summary = run_training(
-        compose(nli(tmp_path, *MNLI_COLUMNS, f"data.paths=[{path}]")), tmp_path / "run"
+        config(nli(tmp_path, *MNLI_COLUMNS, f"data.paths=[{path}]")), tmp_path / "run"
     )
-    assert summary["status"] == "completed"
-    assert summary["labels"] == ["contradiction", "entailment", "neutral"]  # sorted strings
+    assert summary.status == "completed"
+    assert summary.task_fields["labels"] == [
+        "contradiction",
+        "entailment",
+        "neutral",
+    ]  # sorted strings
 
 
 def test_a_saved_dataset_dict_with_class_labels_and_its_own_validation_split(tmp_path):
@@ -337,8 +347,8 @@ def test_a_saved_dataset_dict_with_class_labels_and_its_own_validation_split(tmp
     dd = datasets.DatasetDict({"train": split["train"], "validation_matched": split["test"]})
     dd.save_to_disk(str(tmp_path / "mnli"))
     extra = [f"data.dataset={tmp_path / 'mnli'}", "data.val_split=validation_matched"]
-    summary = run_training(compose(nli(tmp_path, *MNLI_COLUMNS, *extra)), tmp_path / "run")
-    assert summary["labels"] == names  # the ClassLabel's order, not sorted
+    summary = run_training(config(nli(tmp_path, *MNLI_COLUMNS, *extra)), tmp_path / "run")
+    assert summary.task_fields["labels"] == names  # the ClassLabel's order, not sorted
 
 
 # --- bad input: one line, before any training --------------------------------------------

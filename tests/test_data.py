@@ -5,12 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 import app.components.data.loader as loader_mod
 import app.components.data.tokens as data_mod
-from app.engine.batch.plan import rank_slice
-from app.config.schema import ConfigError, DataConfig
 from app.components.data.corpus import generate_corpus
 from app.components.data.loader import (
     StepDataset,
@@ -25,14 +22,15 @@ from app.components.data.tokens import (
     split_documents,
     tokenize_documents,
 )
+from app.config import ConfigError, DataConfig
+from app.engine.batch.plan import rank_slice
+from tests.conftest import resolved
 
 
 def make_cfg(tmp_path: Path, **overrides):
     overrides.setdefault("builtin_num_docs", 400)
     overrides.setdefault("seq_len", 32)
-    return OmegaConf.structured(
-        DataConfig(name="t", cache_dir=str(tmp_path / "cache"), **overrides)
-    )
+    return resolved(DataConfig(name="t", cache_dir=str(tmp_path / "cache"), **overrides))
 
 
 def write_text_files(root: Path, n_files: int = 3, paragraphs: int = 30) -> list[Path]:
@@ -78,7 +76,9 @@ def test_builtin_blocks_shape_and_dtype(tmp_path):
 
 
 def test_accepts_a_plain_dataclass(tmp_path):
-    d = load_token_data(DataConfig(name="t", cache_dir=str(tmp_path), builtin_num_docs=100))
+    d = load_token_data(
+        resolved(DataConfig(name="t", cache_dir=str(tmp_path), builtin_num_docs=100))
+    )
     assert d.train.shape[1] == 129
 
 
@@ -135,7 +135,7 @@ def test_no_documents_is_one_line(tmp_path):
 
 def test_a_text_file_of_one_document_trains(tmp_path):
     from app.engine.runner import run_training
-    from tests.conftest import compose, tiny
+    from tests.conftest import config, tiny
 
     # One paragraph: no blank line anywhere, so the file is a single document.
     (tmp_path / "one.txt").write_text(" ".join(generate_corpus(300, seed=4)), encoding="utf-8")
@@ -149,9 +149,9 @@ def test_a_text_file_of_one_document_trains(tmp_path):
         "training.eval_every=10",
         "training.lr=3e-3",
     )
-    summary = run_training(compose(overrides), tmp_path / "run")
-    assert summary["status"] == "completed"
-    assert summary["final_val_loss"] < summary["initial_val_loss"] - 0.5
+    summary = run_training(config(overrides), tmp_path / "run")
+    assert summary.status == "completed"
+    assert summary.final_val["loss"] < summary.initial_val["loss"] - 0.5
 
 
 # --- cache -----------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def test_unloadable_tokenizer_names_the_key(tmp_path):
 
 
 def test_tokenize_documents_appends_eos():
-    tok = load_tokenizer(DataConfig(name="t"))
+    tok = load_tokenizer(resolved(DataConfig(name="t")))
     assert tokenize_documents(["ab", "c"], tok).tolist() == [97, 98, 0, 99, 0]
 
 

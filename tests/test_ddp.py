@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from app.components.tasks.causal_lm import CausalLM
 from app.engine import checkpoint as ckpt
 from tests.conftest import ROOT, run_cli, tiny
 
@@ -66,31 +67,37 @@ def test_two_ranks_match_one_process(tmp_path):
     assert not list((tmp_path / "ddp").glob(".model.*"))
 
 
-def test_each_rank_evaluates_its_share_and_the_sums_make_the_whole(monkeypatch):
+class EvalSizes(CausalLM):
+    """Records the size of every evaluation micro-batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def eval_sums(self, model, inputs, targets):
+        self.seen.append(len(inputs))
+        return super().eval_sums(model, inputs, targets)
+
+
+def test_each_rank_evaluates_its_share_and_the_sums_make_the_whole():
     """Evaluation under DDP: rank r sees only its share of the validation blocks; the summed
     (loss, tokens) over ranks give the single-process validation loss (to float32 rounding:
     the batches are cut differently)."""
-    import app.engine.loop as loop
     from app.engine.distributed import DistInfo
+    from app.engine.evaluation import evaluate, local_sums
     from tests.test_accumulation import _run, _tiny_model_and_blocks
 
     model, blocks = _tiny_model_and_blocks()
     run = _run(model, micro=4, optimizer_kind="sgd")
     run.val_blocks = blocks[:11]  # odd: shares of 6 and 5 blocks, so 2 batches on each rank
-    whole = loop.evaluate(run, step=0)
+    whole = evaluate(run, step=0)
 
-    sums, seen = [], []
-    monkeypatch.setattr(loop, "all_reduce_sum", lambda t, info: (sums.append(t.clone()), t)[1])
-    real_eval_sums = loop.eval_sums
-    monkeypatch.setattr(
-        loop,
-        "eval_sums",
-        lambda run, x, y, m: (seen.append(len(x)), real_eval_sums(run, x, y, m))[1],
-    )
+    run.task = EvalSizes()
+    sums = []
     for rank in (0, 1):
         run.dist = DistInfo(rank=rank, world_size=2)
-        loop.evaluate(run, step=0)
-    assert seen == [4, 2, 4, 1]  # rank 0: blocks 0-5, rank 1: blocks 6-10
+        sums.append(local_sums(run, step=0))
+    assert run.task.seen == [4, 2, 4, 1]  # rank 0: blocks 0-5, rank 1: blocks 6-10
     loss, count = (sums[0] + sums[1]).tolist()
     assert count == int((blocks[:11, 1:] != -100).sum())
     assert loss / count == pytest.approx(whole, rel=1e-6)

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.engine import checkpoint as ckpt
 from app.core.outcomes import WriteFailed
+from app.engine import checkpoint as ckpt
 from tests.conftest import run_cli, tiny
 
 
-def _state(step: int) -> dict:
-    return {"model": {"w": torch.full((64, 64), float(step))}, "step": step}
+def _state(step: int) -> ckpt.TrainState:
+    return ckpt.TrainState(model={"w": torch.full((64, 64), float(step))}, step=step)
 
 
 def test_enospc_mid_write_raises_one_line_and_keeps_the_earlier_checkpoints(tmp_path, monkeypatch):
@@ -77,7 +77,7 @@ def test_a_run_that_fills_its_filesystem_ends_in_one_line(tmp_path, small_filesy
     assert "Traceback" not in proc.stderr
     saved = ckpt.list_checkpoints(run_dir / "checkpoints")
     assert [p.name for p in saved] == ["step_00000002.pt"]
-    assert ckpt.load_checkpoint(saved[0])["step"] == 2
+    assert ckpt.load_checkpoint(saved[0]).step == 2
     leftovers = [p.name for p in (run_dir / "checkpoints").iterdir() if p.suffix == ".tmp"]
     assert leftovers == []
     assert Path(run_dir / "checkpoints").is_dir()

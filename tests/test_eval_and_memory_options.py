@@ -6,17 +6,17 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-import app.engine.loop as loop
+import app.engine.evaluation as evaluation
 import app.engine.runner as runner
-from app.config.schema import TrainingConfig
 from app.components.hardware.cuda_alloc import apply_expandable_segments, merged, target_variable
+from app.config import TrainingConfig
 from app.engine.runner import run_training
-from tests.conftest import ROOT, compose, tiny
+from tests.conftest import ROOT, config, tiny
 
 ALLOC_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
@@ -30,10 +30,9 @@ def count_empty_cache(monkeypatch) -> list[int]:
     """Counts torch.cuda.empty_cache() calls, with the decision taken as on a CUDA device (the
     setting still decides) so a CPU run exercises the path."""
     calls: list[int] = []
-    decide = loop.empties_cache_after_eval
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(1))
     monkeypatch.setattr(
-        loop, "empties_cache_after_eval", lambda cfg, device: decide(cfg, torch.device("cuda"))
+        evaluation, "empties_cache_after_eval", lambda run: run.cfg.empty_cache_after_eval
     )
     return calls
 
@@ -43,8 +42,8 @@ def test_eval_at_start_false_skips_the_step_0_evaluation(tmp_path, monkeypatch):
     overrides = tiny(
         tmp_path, "training.eval_at_start=false", "training.empty_cache_after_eval=true"
     )
-    summary = run_training(compose(overrides), tmp_path / "run")
-    assert summary["initial_val_loss"] is None and summary["final_val_loss"] is not None
+    summary = run_training(config(overrides), tmp_path / "run")
+    assert summary.initial_val["loss"] is None and summary.final_val["loss"] is not None
     assert val_steps(tmp_path / "run") == [3, 6]
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["initial_val_loss"] is None
@@ -55,8 +54,8 @@ def test_eval_at_start_false_skips_the_step_0_evaluation(tmp_path, monkeypatch):
 
 def test_by_default_the_run_evaluates_at_step_0_and_keeps_the_cache(tmp_path, monkeypatch):
     calls = count_empty_cache(monkeypatch)
-    summary = run_training(compose(tiny(tmp_path)), tmp_path / "run")
-    assert summary["initial_val_loss"] is not None
+    summary = run_training(config(tiny(tmp_path)), tmp_path / "run")
+    assert summary.initial_val["loss"] is not None
     assert val_steps(tmp_path / "run") == [0, 3, 6]
     assert len(calls) == int(torch.cuda.is_available())
 
@@ -66,8 +65,10 @@ def test_by_default_the_run_evaluates_at_step_0_and_keeps_the_cache(tmp_path, mo
     [(True, "cuda", True), (True, "cpu", False), (False, "cuda", False), (False, "cpu", False)],
 )
 def test_the_cache_is_emptied_only_when_asked_and_on_cuda(setting, device, empties):
-    cfg = OmegaConf.structured(TrainingConfig(empty_cache_after_eval=setting))
-    assert loop.empties_cache_after_eval(cfg, torch.device(device)) is empties
+    run = SimpleNamespace(
+        cfg=TrainingConfig(empty_cache_after_eval=setting), device=torch.device(device)
+    )
+    assert evaluation.empties_cache_after_eval(run) is empties
 
 
 @pytest.mark.parametrize(
@@ -132,7 +133,7 @@ def test_a_run_sets_the_allocator_variable_before_the_device_is_touched(
 
     monkeypatch.setattr(runner, "detect_device", detect)
     with pytest.raises(DeviceDetected):
-        run_training(compose(tiny(tmp_path, override)), tmp_path / "run")
+        run_training(config(tiny(tmp_path, override)), tmp_path / "run")
     assert seen["env"] == expected
 
 

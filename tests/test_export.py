@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.engine import checkpoint as ckpt
 from app.cli.export import EXPORT_MARKER
+from app.engine import checkpoint as ckpt
 from app.engine.runner import run_training
-from tests.conftest import ROOT, TINY, compose, run_cli, tiny
+from tests.conftest import ROOT, TINY, config, run_cli, tiny
 
 FILES = {
     "config.json",
@@ -130,14 +130,14 @@ def test_a_run_leaves_a_model_that_transformers_alone_loads_and_generates_with(f
 
 def test_training_continues_from_the_export(finished, tmp_path):
     first = json.loads((finished / "summary.json").read_text())
-    cfg = compose(tiny(tmp_path, "model=pretrained", f"model.path={finished / 'model'}"))
+    cfg = config(tiny(tmp_path, "model=pretrained", f"model.path={finished / 'model'}"))
     assert cfg.data.tokenizer == str(finished / "model")  # its own tokenizer: the same ids
     summary = run_training(cfg, tmp_path / "run")
-    assert summary["status"] == "completed"
+    assert summary.status == "completed"
     # The same weights on the same validation blocks: it starts where the first run ended.
-    assert summary["initial_val_loss"] == pytest.approx(first["final_val_loss"], abs=1e-4)
-    assert summary["final_val_loss"] < summary["initial_val_loss"]
-    assert summary["warnings"] == []
+    assert summary.initial_val["loss"] == pytest.approx(first["final_val_loss"], abs=1e-4)
+    assert summary.final_val["loss"] < summary.initial_val["loss"]
+    assert summary.warnings == []
 
 
 def test_app_export_writes_the_same_files_from_the_checkpoint(finished, tmp_path):
@@ -283,8 +283,8 @@ def bpe_run(tmp_path_factory) -> Path:
         "data.tokenizer_vocab_size=300",
         "training.max_steps=3",
     ]
-    summary = run_training(compose(tiny(base, *overrides)), base / "run")
-    assert summary["status"] == "completed"
+    summary = run_training(config(tiny(base, *overrides)), base / "run")
+    assert summary.status == "completed"
     return base
 
 
@@ -385,8 +385,8 @@ def _tiny_model():
 
 
 def test_a_failed_export_leaves_the_old_one_whole_and_no_temporaries(tmp_path, monkeypatch):
-    from app.components.data.hf_tokenizer import byte_tokenizer
     from app.cli.export import write_export
+    from app.components.data.hf_tokenizer import byte_tokenizer
 
     out = tmp_path / "model"
     write_export(_tiny_model(), byte_tokenizer(), out)
@@ -405,8 +405,8 @@ def test_a_failed_export_leaves_the_old_one_whole_and_no_temporaries(tmp_path, m
 
 
 def test_a_new_export_replaces_the_old_and_clears_a_killed_ones_leftovers(tmp_path):
-    from app.components.data.hf_tokenizer import byte_tokenizer
     from app.cli.export import write_export
+    from app.components.data.hf_tokenizer import byte_tokenizer
 
     out = tmp_path / "model"
     write_export(_tiny_model(), byte_tokenizer(), out)
@@ -418,8 +418,8 @@ def test_a_new_export_replaces_the_old_and_clears_a_killed_ones_leftovers(tmp_pa
 
 
 def test_export_off_writes_no_model(tmp_path):
-    summary = run_training(compose(tiny(tmp_path, "training.export=false")), tmp_path / "run")
-    assert summary["status"] == "completed" and "export_dir" not in summary
+    summary = run_training(config(tiny(tmp_path, "training.export=false")), tmp_path / "run")
+    assert summary.status == "completed" and summary.export_dir is None
     assert not (tmp_path / "run" / "model").exists()
 
 
@@ -438,8 +438,8 @@ def test_a_wrapped_model_exports_its_plain_weights(tmp_path, monkeypatch):
     import app.engine.runner
 
     monkeypatch.setattr(app.engine.runner, "maybe_compile", lambda model, *a: Wrapped(model))
-    summary = run_training(compose(tiny(tmp_path, "training.max_steps=2")), tmp_path / "run")
-    names = set(_tensors(Path(summary["export_dir"])))
+    summary = run_training(config(tiny(tmp_path, "training.max_steps=2")), tmp_path / "run")
+    names = set(_tensors(Path(summary.export_dir)))
     assert names and all(n.startswith(("transformer.", "lm_head.")) for n in names), names
 
 
@@ -451,10 +451,10 @@ def test_a_classifier_export_loads_with_auto_model_for_sequence_classification(t
     from app.components.tasks import build_task
     from tests.test_classification import nli
 
-    cfg = compose(nli(tmp_path))
+    cfg = config(nli(tmp_path))
     summary = run_training(cfg, tmp_path / "run")
-    assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(summary["export_dir"]))
-    got = transformers_only(LOAD_CLASSIFIER, summary["export_dir"], cwd=tmp_path)
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(summary.export_dir))
+    got = transformers_only(LOAD_CLASSIFIER, summary.export_dir, cwd=tmp_path)
     assert got["id2label"] == {"0": "entailment", "1": "neutral", "2": "contradiction"}
     assert got["shape"] == [1, 3]
     # The pair is encoded as in training: the run's BPE, [CLS] a [SEP] b [SEP].

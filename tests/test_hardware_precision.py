@@ -6,7 +6,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from app.config.schema import ConfigError, GpuConfig
 from app.components.hardware.devices import (
     DeviceInfo,
     detect_device,
@@ -15,6 +14,7 @@ from app.components.hardware.devices import (
     match_preset,
 )
 from app.components.hardware.precision import resolve_precision
+from app.config import ConfigError, GpuConfig
 
 
 def _cuda(name: str, cc: tuple[int, int], preset: str) -> DeviceInfo:

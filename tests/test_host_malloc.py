@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, compose, tiny
+from conftest import ROOT, config, tiny
 
 from app.components.hardware import host_malloc
 
@@ -20,9 +20,12 @@ glibc_only = pytest.mark.skipif(
 # Free and re-allocate a 40 MiB activation-sized tensor, as a training step does. 40 MiB is above
 # the 32 MiB ceiling of glibc's adaptive mmap threshold, so by default every allocation is a
 # fresh mmap whose pages fault in again when written.
+# The policy is applied where a run applies it: in a process that has imported the trainer (the
+# layout of its heap decides whether a freed top block can grow back in place).
 FAULTS_PER_ALLOCATION = """
 import json, resource, sys
 import torch
+import app.engine.runner
 from app.components.hardware.host_malloc import apply_host_malloc
 applied = apply_host_malloc(sys.argv[1])
 def faults():
@@ -80,13 +83,12 @@ def test_a_training_run_applies_its_policy_before_loading_data(monkeypatch, tmp_
 
     calls = []
     monkeypatch.setattr(runner, "apply_host_malloc", lambda policy: calls.append(policy))
-    real_load = CausalLM.load_data
 
-    def load(self, cfg):
-        assert calls == ["default"], "the policy must be in force before the data allocates"
-        return real_load(self, cfg)
+    class Checked(CausalLM):
+        def load_data(self, data):
+            assert calls == ["default"], "the policy must be in force before the data allocates"
+            return super().load_data(data)
 
-    monkeypatch.setattr(CausalLM, "load_data", load)
-    cfg = compose(tiny(tmp_path, "training.host_malloc=default", "training.max_steps=1"))
-    runner.run_training(cfg, tmp_path / "run")
+    cfg = config(tiny(tmp_path, "training.host_malloc=default", "training.max_steps=1"))
+    runner.run_training(cfg, tmp_path / "run", task=Checked(cfg.task))
     assert calls == ["default"]

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 import app.components.data.lm_rows as lm_rows
-from app.config.schema import ConfigError, DataConfig
 from app.components.data.corpus import generate_corpus
 from app.components.data.tokens import load_token_data
+from app.config import ConfigError, DataConfig
 from app.engine.runner import run_training
-from tests.conftest import compose, tiny
+from tests.conftest import config, resolved, tiny
 
 # Learnable text in one column, and a decoy column that must never be read.
 DECOY = "~~decoy~~"
@@ -56,7 +55,7 @@ def _saved(rows: dict[str, list], path: Path, val: dict[str, list] | None = None
 def _cfg(tmp_path: Path, **overrides):
     overrides.setdefault("seq_len", 32)
     overrides.setdefault("text_column", "body")
-    return OmegaConf.structured(
+    return resolved(
         DataConfig(name="t", source="datasets", cache_dir=str(tmp_path / "cache"), **overrides)
     )
 
@@ -87,7 +86,7 @@ def _train(tmp_path: Path, *extra: str) -> dict:
         "training.lr=3e-3",
         *extra,
     )
-    return run_training(compose(overrides), tmp_path / "run")
+    return run_training(config(overrides), tmp_path / "run").to_json()
 
 
 def test_a_jsonl_file_trains_and_the_loss_falls(tmp_path):
@@ -237,7 +236,7 @@ def test_an_unsupported_extension_is_refused(tmp_path):
 
 
 def test_map_processes_follow_the_setting():
-    from app.components.data.sources import PARALLEL_MAP_ROWS, map_processes
+    from app.components.data.rows import PARALLEL_MAP_ROWS, map_processes
 
     assert map_processes("auto", 10) is None  # small data: one process starts faster
     assert map_processes(1, PARALLEL_MAP_ROWS) is None

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from app.config.schema import ConfigError, ModelConfig
-from app.components.models.build import build_model, model_shape
+from app.components.models.shape import model_shape
+from app.components.tasks import build_task
+from app.components.tasks.base import TaskData
+from app.config import ConfigError
 from app.engine.runner import run_training
-from tests.conftest import compose, tiny
+from tests.conftest import config, lm_model, tiny
 
 LLAMA = [
     "model=llama_small",
@@ -24,9 +25,9 @@ LLAMA = [
 
 @pytest.mark.slow
 def test_llama_style_model_trains(tmp_path):
-    summary = run_training(compose(tiny(tmp_path, *LLAMA)), tmp_path / "run")
-    assert summary["status"] == "completed"
-    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    summary = run_training(config(tiny(tmp_path, *LLAMA)), tmp_path / "run")
+    assert summary.status == "completed"
+    assert summary.final_val["loss"] < summary.initial_val["loss"]
 
 
 def test_local_pretrained_checkpoint_by_path(tmp_path):
@@ -45,27 +46,32 @@ def test_local_pretrained_checkpoint_by_path(tmp_path):
     )
     source.save_pretrained(tmp_path / "ckpt")  # weights only: the byte tokenizer is chosen
     model_path = f"model.path={tmp_path / 'ckpt'}"
-    cfg = compose(tiny(tmp_path, "model=pretrained", model_path, "data.tokenizer=byte"))
-    model = build_model(cfg.model, vocab_size=256)
+    cfg = config(tiny(tmp_path, "model=pretrained", model_path, "data.tokenizer=byte"))
+    model = build_task(cfg.task).build_model(cfg.model, byte_data())
     torch.testing.assert_close(model.lm_head.weight, source.lm_head.weight)
     assert model.config._attn_implementation == "sdpa"
     summary = run_training(cfg, tmp_path / "run")
-    assert summary["status"] == "completed" and summary["num_params"] > 0
+    assert summary.status == "completed" and summary.num_params > 0
 
 
 def test_unloadable_pretrained_path_is_a_config_error(tmp_path):
-    cfg = compose(tiny(tmp_path, "model=pretrained", f"model.path={tmp_path / 'missing'}"))
+    cfg = config(tiny(tmp_path, "model=pretrained", f"model.path={tmp_path / 'missing'}"))
     with pytest.raises(ConfigError, match=r"model\.path="):
-        build_model(cfg.model, vocab_size=256)
+        build_task(cfg.task).build_model(cfg.model, byte_data())
+
+
+def byte_data() -> TaskData:
+    empty = torch.empty(0, dtype=torch.long)
+    return TaskData(empty, empty, vocab_size=256, tokenizer_name="byte")
 
 
 def test_gradient_checkpointing_gives_the_same_step(tmp_path):
-    plain = run_training(compose(tiny(tmp_path, "training.max_steps=2")), tmp_path / "a")
+    plain = run_training(config(tiny(tmp_path, "training.max_steps=2")), tmp_path / "a")
     ckpt = run_training(
-        compose(tiny(tmp_path, "training.max_steps=2", "model.gradient_checkpointing=true")),
+        config(tiny(tmp_path, "training.max_steps=2", "model.gradient_checkpointing=true")),
         tmp_path / "b",
     )
-    assert ckpt["final_val_loss"] == pytest.approx(plain["final_val_loss"], rel=1e-5)
+    assert ckpt.final_val["loss"] == pytest.approx(plain.final_val["loss"], rel=1e-5)
 
 
 @pytest.mark.slow
@@ -83,15 +89,12 @@ def test_text_files_with_a_locally_trained_tokenizer(tmp_path):
         "data.tokenizer_vocab_size=400",
         "data.seq_len=32",
     )
-    summary = run_training(compose(overrides), tmp_path / "run")
-    assert summary["status"] == "completed"
-    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    summary = run_training(config(overrides), tmp_path / "run")
+    assert summary.status == "completed"
+    assert summary.final_val["loss"] < summary.initial_val["loss"]
 
 
 def test_param_count_excludes_positions_and_counts_tied_weights_once():
-    mcfg = OmegaConf.structured(
-        ModelConfig(name="t", n_layer=1, n_head=2, n_embd=32, max_position_embeddings=64)
-    )
-    model = build_model(mcfg, vocab_size=100)
+    model = lm_model(vocab=100, max_position_embeddings=64)
     total = sum(p.numel() for p in model.parameters())  # parameters() already dedups ties
     assert model_shape(model).num_params == total - 64 * 32

@@ -1,4 +1,5 @@
-"""Out-of-memory recovery in training and evaluation (app/loop.py), with injected OOMs on CPU."""
+"""Out-of-memory recovery in training and evaluation (app/engine/recovery.py), with injected
+OOMs on CPU. The engine is watched through its seams: a recording task and step hooks."""
 
 from __future__ import annotations
 
@@ -9,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import app.engine.loop as loop
-from app.engine.batch import probe as autobatch
-from app.engine.batch.faults import FaultInjector
+from app.config import load_config
+from app.config.compose import compose
 from app.core.outcomes import TrainingOOM
-from app.cli.preflight import compose
+from app.engine.run import Observers, StepHooks
 from app.engine.runner import run_training
 from tests.conftest import AUTO_TINY
+from tests.fakes import Attempts, MicroBatchFrom, RecordingLM
 
 
 def tiny_cfg(cache: Path, *overrides: str):
-    return compose("train", [*AUTO_TINY, f"data.cache_dir={cache}", *overrides])
+    return load_config(compose("train", [*AUTO_TINY, f"data.cache_dir={cache}", *overrides]))
 
 
 def final_params(run_dir: Path, steps: int = 6) -> dict[str, torch.Tensor]:
@@ -37,96 +38,74 @@ def tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
-@pytest.fixture
-def step_sizes(monkeypatch):
-    """The micro-batch sizes of every attempt of every optimizer step: [(step, [sizes])]."""
-    seen: list[tuple[int, list[int]]] = []
-    orig_step, orig_loss = loop.train_step, loop.loss_sum
-
-    def train_step(run, blocks, step):
-        seen.append((step, []))
-        return orig_step(run, blocks, step)
-
-    def loss_sum(run, x, y, *model):
-        if torch.is_grad_enabled() and seen:
-            seen[-1][1].append(len(x))
-        return orig_loss(run, x, y, *model)
-
-    monkeypatch.setattr(loop, "train_step", train_step)
-    monkeypatch.setattr(loop, "loss_sum", loss_sum)
-    return seen
+def recorded_run(cfg, run_dir: Path):
+    """run_training with a task that records every attempt's micro-batch sizes."""
+    task = RecordingLM(cfg.task)
+    summary = run_training(cfg, run_dir, Observers(hooks=Attempts()), task=task)
+    return summary, task.attempts
 
 
 def test_oom_from_step_k_is_recovered_like_a_run_with_the_smaller_micro_batch_from_k(
-    cache_dir, tmp_path, monkeypatch, step_sizes
+    cache_dir, tmp_path
 ):
     faults = ["faults.oom_above_micro_batch=8", "faults.oom_from_step=3"]
-    summary = run_training(tiny_cfg(cache_dir, *faults), tmp_path / "oom")
+    summary, attempts = recorded_run(tiny_cfg(cache_dir, *faults), tmp_path / "oom")
 
-    assert summary["status"] == "completed" and summary["oom_count"] == 1
-    assert summary["batch_source"] == "reduced_after_oom" and summary["micro_batch_size"] == 8
-    assert summary["batch_details"]["oom_at_step"] == 3
+    assert summary.status == "completed" and summary.oom_count == 1
+    assert summary.batch_source == "reduced_after_oom" and summary.micro_batch_size == 8
+    assert summary.batch_details["oom_at_step"] == 3
     # The failed attempt at step 3 stopped in its first forward; the retry did all 32 samples.
-    assert [sizes for step, sizes in step_sizes if step == 3] == [[], [8, 8, 8, 8]]
-    last_attempts = {step: sizes for step, sizes in step_sizes}
+    assert [sizes for step, sizes in attempts if step == 3] == [[], [8, 8, 8, 8]]
+    last_attempts = {step: sizes for step, sizes in attempts}
     assert all(sum(sizes) == 32 for sizes in last_attempts.values())
     assert tensorboard_scalars(tmp_path / "oom", "train/oom_count") == [(3, 1.0)]
     on_disk = json.loads((tmp_path / "oom/summary.json").read_text())
     assert on_disk["oom_count"] == 1 and on_disk["batch_source"] == "reduced_after_oom"
 
     # The reference: no fault, micro-batch 16 switched to 8 from step 3 on.
-    orig = loop.train_step
-
-    def switch_at_3(run, blocks, step):
-        if step >= 3 and run.plan.micro_batch_size != 8:
-            run.plan = run.plan.with_micro_batch(8, "fixed")
-        return orig(run, blocks, step)
-
-    monkeypatch.setattr(loop, "train_step", switch_at_3)
-    run_training(tiny_cfg(cache_dir), tmp_path / "ref")
+    run_training(tiny_cfg(cache_dir), tmp_path / "ref", Observers(hooks=MicroBatchFrom(3, 8)))
     torch.testing.assert_close(
         final_params(tmp_path / "oom"), final_params(tmp_path / "ref"), rtol=1e-6, atol=1e-7
     )
 
 
-def test_the_failed_steps_tensors_are_released_after_recovery(cache_dir, tmp_path, monkeypatch):
+class SavedActivations(RecordingLM):
+    """Holds weak references to what autograd saved in the latest training forward."""
+
+    def __init__(self, cfg=None) -> None:
+        super().__init__(cfg)
+        self.refs: list[weakref.ref] = []
+
+    def loss_sum(self, model, inputs, targets):
+        if not torch.is_grad_enabled():
+            return super().loss_sum(model, inputs, targets)
+        self.refs.clear()
+
+        def pack(t):
+            if isinstance(t, torch.nn.Parameter):
+                return t
+            # Detached: an output saved with its own grad_fn would make a cycle gc cannot see.
+            held = t.detach()
+            self.refs.append(weakref.ref(held))
+            return held
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            return super().loss_sum(model, inputs, targets)
+
+    def alive(self) -> int:
+        return sum(r() is not None for r in self.refs)
+
+
+class AfterRelease(StepHooks):
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []  # (saved by the failed forward, alive now)
+
+    def on_oom(self, run, step: int) -> None:
+        self.seen.append((len(run.task.refs), run.task.alive()))
+
+
+def test_the_failed_steps_tensors_are_released_after_recovery(cache_dir, tmp_path):
     # Fail in backward: the failed forward's activations are then alive in the autograd graph.
-    refs: list[weakref.ref] = []  # the activations autograd saved in the latest forward
-    checks: list[tuple[int, int]] = []  # (alive at the OOM, alive after release)
-    orig_check, orig_release, orig_loss = FaultInjector.check, loop.release_after_oom, loop.loss_sum
-
-    def pack(t):
-        if isinstance(t, torch.nn.Parameter):
-            return t
-        # Detached: an output saved with its own grad_fn would make a cycle gc cannot see.
-        held = t.detach()
-        refs.append(weakref.ref(held))
-        return held
-
-    def loss_sum(run, x, y, *model):
-        if torch.is_grad_enabled():
-            refs.clear()
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                return orig_loss(run, x, y, *model)
-        return orig_loss(run, x, y, *model)
-
-    def alive() -> int:
-        return sum(r() is not None for r in refs)
-
-    def check(self, phase, micro_batch, step):
-        try:
-            orig_check(self, phase, micro_batch, step)
-        except torch.OutOfMemoryError:
-            checks.append((alive(), -1))
-            raise
-
-    def release(run):
-        orig_release(run)
-        checks[-1] = (checks[-1][0], alive())
-
-    monkeypatch.setattr(loop, "loss_sum", loss_sum)
-    monkeypatch.setattr(FaultInjector, "check", check)
-    monkeypatch.setattr(loop, "release_after_oom", release)
     cfg = tiny_cfg(
         tmp_path,
         "faults.oom_above_micro_batch=8",
@@ -134,48 +113,50 @@ def test_the_failed_steps_tensors_are_released_after_recovery(cache_dir, tmp_pat
         "faults.oom_from_step=2",
         "training.max_steps=3",
     )
-    summary = run_training(cfg, tmp_path / "run")
-    assert summary["oom_count"] == 1 and summary["micro_batch_size"] == 8
-    assert len(checks) == 1
-    held_at_oom, held_after = checks[0]
-    assert held_at_oom > 5 and held_after == 0
+    hooks = AfterRelease()
+    summary = run_training(cfg, tmp_path / "run", Observers(hooks=hooks), SavedActivations())
+    assert summary.oom_count == 1 and summary.micro_batch_size == 8
+    assert len(hooks.seen) == 1
+    saved, alive_after = hooks.seen[0]
+    assert saved > 5 and alive_after == 0
 
 
 @pytest.mark.gpu
-def test_gpu_memory_returns_to_its_pre_step_value_after_an_oom(cache_dir, tmp_path, monkeypatch):
+def test_gpu_memory_returns_to_its_pre_step_value_after_an_oom(cache_dir, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    before: list[int] = []
-    after: list[int] = []
-    orig_step, orig_release = loop.train_step, loop.release_after_oom
 
-    def train_step(run, blocks, step):
-        if step == 2 and not before:
-            before.append(torch.cuda.memory_allocated(run.device))
-        return orig_step(run, blocks, step)
+    class Memory(StepHooks):
+        def __init__(self) -> None:
+            self.before: list[int] = []
+            self.after: list[int] = []
 
-    def release(run):
-        orig_release(run)
-        after.append(torch.cuda.memory_allocated(run.device))
+        def on_attempt(self, run, step: int) -> None:
+            if step == 2 and not self.before:
+                self.before.append(torch.cuda.memory_allocated(run.device))
 
-    monkeypatch.setattr(loop, "train_step", train_step)
-    monkeypatch.setattr(loop, "release_after_oom", release)
-    cfg = compose(
-        "train",
-        [
-            *AUTO_TINY[1:],
-            "gpu=auto",
-            "precision=fp32",
-            f"data.cache_dir={cache_dir}",
-            "faults.oom_above_micro_batch=8",
-            "faults.oom_phase=backward",
-            "faults.oom_from_step=2",
-            "training.max_steps=3",
-        ],
+        def on_oom(self, run, step: int) -> None:
+            self.after.append(torch.cuda.memory_allocated(run.device))
+
+    memory = Memory()
+    cfg = load_config(
+        compose(
+            "train",
+            [
+                *AUTO_TINY[1:],
+                "gpu=auto",
+                "precision=fp32",
+                f"data.cache_dir={cache_dir}",
+                "faults.oom_above_micro_batch=8",
+                "faults.oom_phase=backward",
+                "faults.oom_from_step=2",
+                "training.max_steps=3",
+            ],
+        )
     )
-    summary = run_training(cfg, tmp_path / "run")
-    assert summary["oom_count"] == 1
-    assert after == before
+    summary = run_training(cfg, tmp_path / "run", Observers(hooks=memory))
+    assert summary.oom_count == 1
+    assert memory.after == memory.before
 
 
 def test_oom_at_micro_batch_one_ends_the_run_as_training_oom(cache_dir, tmp_path):
@@ -197,8 +178,8 @@ def test_recovery_off_ends_the_run_at_the_first_oom(cache_dir, tmp_path):
 def test_an_oom_in_evaluation_is_recovered_with_the_same_validation_loss(cache_dir, tmp_path):
     faults = ["faults.oom_phase=eval", "faults.oom_above_micro_batch=4", "faults.oom_from_step=3"]
     summary = run_training(tiny_cfg(cache_dir, *faults), tmp_path / "oom")
-    assert summary["status"] == "completed" and summary["oom_count"] == 2  # 16 -> 8 -> 4
-    assert summary["micro_batch_size"] == 4 and summary["batch_details"]["oom_at_step"] == 3
+    assert summary.status == "completed" and summary.oom_count == 2  # 16 -> 8 -> 4
+    assert summary.micro_batch_size == 4 and summary.batch_details["oom_at_step"] == 3
     # Evaluation at step 3 sums the same tokens in smaller chunks: the same loss.
     ref = run_training(tiny_cfg(cache_dir, "training.max_steps=3"), tmp_path / "ref")
     oom_val = [
@@ -206,10 +187,10 @@ def test_an_oom_in_evaluation_is_recovered_with_the_same_validation_loss(cache_d
         for r in map(json.loads, (tmp_path / "oom/metrics.jsonl").read_text().splitlines())
         if r["step"] == 3 and "val/loss" in r
     ]
-    assert oom_val == pytest.approx([ref["final_val_loss"]], rel=1e-6)
+    assert oom_val == pytest.approx([ref.final_val["loss"]], rel=1e-6)
 
 
-def test_an_auto_run_teaches_the_cache_the_size_that_ran_out(cache_dir, tmp_path, monkeypatch):
+def test_an_auto_run_teaches_the_cache_the_size_that_ran_out(cache_dir, tmp_path):
     faults = [
         "training.micro_batch_size=auto",
         "training.auto_batch.throughput_aware=false",
@@ -217,20 +198,17 @@ def test_an_auto_run_teaches_the_cache_the_size_that_ran_out(cache_dir, tmp_path
         "faults.oom_from_step=3",  # after the probe: it picks 32, the run steps down to 8
     ]
     first = run_training(tiny_cfg(cache_dir, *faults), tmp_path / "a")
-    assert first["batch_details"]["reduced_from"] == 16 and first["micro_batch_size"] == 8
-    assert first["oom_count"] == 2
+    assert first.batch_details["reduced_from"] == 16 and first.micro_batch_size == 8
+    assert first.oom_count == 2
 
-    def no_probe(*args, **kwargs):
-        raise AssertionError("probed although the cache knows this shape")
-
-    monkeypatch.setattr(autobatch.Probe, "run", no_probe)
     second = run_training(tiny_cfg(cache_dir, *faults), tmp_path / "b")
-    assert second["batch_source"] == "cached" and second["micro_batch_size"] == 8
-    assert second["oom_count"] == 0
+    assert second.batch_source == "cached" and second.micro_batch_size == 8
+    assert second.batch_details["probe_steps"] == 0  # the cache knew this shape: no probe
+    assert second.oom_count == 0
 
 
 def test_a_step_redone_after_an_oom_in_the_optimizer_starts_from_clean_gradients(
-    cache_dir, tmp_path, monkeypatch
+    cache_dir, tmp_path
 ):
     """An OOM in the optimizer phase comes after the whole step's gradients were accumulated:
     the redone step must not add its gradients to them. Without clipping (max_grad_norm=0) a
@@ -240,16 +218,9 @@ def test_a_step_redone_after_an_oom_in_the_optimizer_starts_from_clean_gradients
     summary = run_training(
         tiny_cfg(cache_dir, *no_clip, *faults, "faults.oom_from_step=3"), tmp_path / "oom"
     )
-    assert summary["oom_count"] == 1 and summary["batch_details"]["oom_at_step"] == 3
-    orig = loop.train_step
-
-    def switch_at_3(run, blocks, step):
-        if step >= 3 and run.plan.micro_batch_size != 8:
-            run.plan = run.plan.with_micro_batch(8, "fixed")
-        return orig(run, blocks, step)
-
-    monkeypatch.setattr(loop, "train_step", switch_at_3)
-    run_training(tiny_cfg(cache_dir, *no_clip), tmp_path / "ref")
+    assert summary.oom_count == 1 and summary.batch_details["oom_at_step"] == 3
+    ref = tiny_cfg(cache_dir, *no_clip)
+    run_training(ref, tmp_path / "ref", Observers(hooks=MicroBatchFrom(3, 8)))
     torch.testing.assert_close(
         final_params(tmp_path / "oom"), final_params(tmp_path / "ref"), rtol=1e-6, atol=1e-7
     )

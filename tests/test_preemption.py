@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.engine import checkpoint as ckpt
 from app.core.preemption import StopRequest, stop_on_signals
+from app.engine import checkpoint as ckpt
 from tests.conftest import ROOT, tiny
 
 # Long enough that the signal lands mid-run; dropout makes the RNG state part of the trajectory.

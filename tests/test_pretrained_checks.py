@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from app.config.schema import ConfigError
 from app.components.data.tokens import load_token_data
+from app.config import ConfigError
 from app.engine.runner import run_training
-from tests.conftest import compose, run_cli, save_tiny_gpt2, tiny
+from tests.conftest import compose, config, run_cli, save_tiny_gpt2, tiny
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +22,14 @@ def gpt2_bpe(tmp_path_factory) -> Path:
 def test_the_default_data_feeds_a_bpe_model_its_own_tokenizer(gpt2_bpe, tmp_path):
     from transformers import AutoTokenizer
 
-    cfg = compose(tiny(tmp_path, "model=pretrained", f"model.path={gpt2_bpe}"))
+    cfg = config(tiny(tmp_path, "model=pretrained", f"model.path={gpt2_bpe}"))
     assert cfg.data.tokenizer == str(gpt2_bpe)
     data = load_token_data(cfg.data)
     own = AutoTokenizer.from_pretrained(gpt2_bpe)
     assert data.vocab_size == len(own)
     assert int(data.train.max()) >= 256  # merges: the byte tokenizer never makes such ids
     summary = run_training(cfg, tmp_path / "run")
-    assert summary["status"] == "completed" and summary["warnings"] == []
+    assert summary.status == "completed" and summary.warnings == []
 
 
 def test_a_model_trained_from_scratch_keeps_the_data_groups_tokenizer():
@@ -39,12 +39,12 @@ def test_a_model_trained_from_scratch_keeps_the_data_groups_tokenizer():
 
 
 def test_another_tokenizer_set_on_purpose_is_a_warning(gpt2_bpe, tmp_path):
-    cfg = compose(
+    cfg = config(
         tiny(tmp_path, "model=pretrained", f"model.path={gpt2_bpe}", "data.tokenizer=byte")
     )
     summary = run_training(cfg, tmp_path / "run")
-    assert summary["status"] == "completed"
-    assert any("is not the tokenizer of model.path" in w for w in summary["warnings"])
+    assert summary.status == "completed"
+    assert any("is not the tokenizer of model.path" in w for w in summary.warnings)
 
 
 def _one_line(proc) -> str:
@@ -73,7 +73,7 @@ def test_text_files_default_seq_len_against_a_short_checkpoint_is_one_line(gpt2_
 
 def test_a_sweep_trial_is_refused_by_the_same_check(gpt2_bpe, tmp_path):
     # Trials skip preflight: run_training checks again, before writing anything.
-    cfg = compose(tiny(tmp_path, "model=pretrained", f"model.path={gpt2_bpe}", "data.seq_len=65"))
+    cfg = config(tiny(tmp_path, "model=pretrained", f"model.path={gpt2_bpe}", "data.seq_len=65"))
     with pytest.raises(ConfigError, match=r"data\.seq_len=65 exceeds the 64 positions"):
         run_training(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()

@@ -8,9 +8,9 @@ import time
 import pytest
 
 import app.engine.loop as loop
-from app.config.schema import ConfigError, validate
+from app.config import ConfigError, load_config
 from app.engine.runner import run_training
-from tests.conftest import TINY, compose, tiny
+from tests.conftest import TINY, compose, config, tiny
 
 SLOW = 1.0  # seconds each profiled step is made to take: far more than a tiny step
 
@@ -41,8 +41,8 @@ def profiled(tmp_path_factory):
             "training.profiler.start_step=2",
             "training.log_every=3",
         )
-        summary = run_training(compose(overrides), tmp / "run")
-    assert summary["status"] == "completed"
+        summary = run_training(config(overrides), tmp / "run")
+    assert summary.status == "completed"
     return tmp / "run", summary, meters[0]
 
 
@@ -51,7 +51,7 @@ def test_the_window_writes_a_trace_that_holds_the_steps(profiled):
     (trace,) = (run_dir / "tensorboard" / "profile").glob("rank0.*.pt.trace.json")
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name", "").startswith("aten::") for e in events)
-    assert summary["profile"]["steps"] == [2, 4]
+    assert summary.profile["steps"] == [2, 4]
 
 
 def test_profiled_steps_are_kept_out_of_the_throughput(profiled):
@@ -61,7 +61,7 @@ def test_profiled_steps_are_kept_out_of_the_throughput(profiled):
     assert [tokens for tokens, _ in meter.windows] == [2 * tokens_per_step] * 2
     assert all(seconds < SLOW for _, seconds in meter.windows)
     # The steady figure is the second window's: two unprofiled tiny steps, far under SLOW.
-    assert summary["tokens_per_sec"] > 2 * tokens_per_step / SLOW
+    assert summary.tokens_per_sec > 2 * tokens_per_step / SLOW
 
 
 def test_the_logged_step_time_excludes_profiled_steps(profiled):
@@ -74,12 +74,12 @@ def test_the_logged_step_time_excludes_profiled_steps(profiled):
 
 def test_a_window_of_profiled_steps_only_logs_its_loss_and_no_speed(tmp_path):
     overrides = tiny(tmp_path, "training.profiler.steps=1", "training.profiler.start_step=2")
-    summary = run_training(compose(overrides), tmp_path / "run")
+    summary = run_training(config(overrides), tmp_path / "run")
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     by_step = {x["step"]: x for x in lines if "train/loss" in x}
     assert "train/tokens_per_sec" not in by_step[3]  # step 3 is the profiled step (index 2)
     assert all("train/tokens_per_sec" in by_step[s] for s in (1, 2, 4, 5, 6))
-    assert summary["tokens_per_sec"] > 0
+    assert summary.tokens_per_sec > 0
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_a_window_of_profiled_steps_only_logs_its_loss_and_no_speed(tmp_path):
 )
 def test_profiler_settings_are_validated(override, message):
     with pytest.raises(ConfigError, match=message):
-        validate(compose([*TINY, "training.profiler.steps=2", override]))
+        load_config(compose([*TINY, "training.profiler.steps=2", override]))
 
 
 def test_a_window_past_the_last_step_is_reported_as_the_steps_recorded(tmp_path):

@@ -7,11 +7,11 @@ import pickle
 import pytest
 import torch
 
-from app.engine import checkpoint as ckpt
-from app.config.schema import ConfigError
+from app.config import ConfigError
 from app.core.outcomes import TrainingOOM
+from app.engine import checkpoint as ckpt
 from app.engine.runner import run_training
-from tests.conftest import compose, tiny
+from tests.conftest import config, tiny
 
 
 def _final_params(run_dir) -> dict[str, torch.Tensor]:
@@ -22,8 +22,8 @@ def _final_params(run_dir) -> dict[str, torch.Tensor]:
 
 def test_stop_and_resume_gives_identical_parameters(tmp_path):
     base = tiny(tmp_path, "training.checkpoint_every=3", "model.dropout=0.1")
-    straight = run_training(compose(base), tmp_path / "straight")
-    assert straight["status"] == "completed"
+    straight = run_training(config(base), tmp_path / "straight")
+    assert straight.status == "completed"
 
     # Crash right after the step-3 checkpoint: an injected OOM with recovery off.
     crash = [
@@ -32,45 +32,46 @@ def test_stop_and_resume_gives_identical_parameters(tmp_path):
         "training.auto_batch.oom_recovery=false",
     ]
     with pytest.raises(TrainingOOM):
-        run_training(compose([*base, *crash]), tmp_path / "first")
+        run_training(config([*base, *crash]), tmp_path / "first")
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "first" / "checkpoints")] == [
         "step_00000003.pt"
     ]
     resumed = run_training(
-        compose([*base, f"training.resume={tmp_path / 'first'}"]), tmp_path / "second"
+        config([*base, f"training.resume={tmp_path / 'first'}"]), tmp_path / "second"
     )
-    assert resumed["resumed_from_step"] == 3 and resumed["status"] == "completed"
+    assert resumed.resumed_from_step == 3 and resumed.status == "completed"
 
     a, b = _final_params(tmp_path / "straight"), _final_params(tmp_path / "second")
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
-    assert resumed["final_val_loss"] == pytest.approx(straight["final_val_loss"], abs=0)
+    assert resumed.final_val["loss"] == pytest.approx(straight.final_val["loss"], abs=0)
 
 
 def test_resume_without_the_right_state_would_differ(tmp_path):
     """The check above can fail: restarting from scratch with the same config is not a resume."""
     base = tiny(tmp_path, "training.max_steps=3")
-    fresh = run_training(compose(base), tmp_path / "a")
-    longer = run_training(compose(tiny(tmp_path)), tmp_path / "b")
-    assert fresh["final_val_loss"] != longer["final_val_loss"]
+    fresh = run_training(config(base), tmp_path / "a")
+    longer = run_training(config(tiny(tmp_path)), tmp_path / "b")
+    assert fresh.final_val["loss"] != longer.final_val["loss"]
 
 
 def test_save_keeps_the_last_k_and_never_leaves_temp_files(tmp_path):
     for step in (1, 2, 3, 4):
-        ckpt.save_checkpoint(tmp_path, step, {"step": step, "w": torch.ones(3) * step}, keep=2)
+        state = ckpt.TrainState(model={"w": torch.ones(3) * step}, step=step)
+        ckpt.save_checkpoint(tmp_path, step, state, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003.pt", "step_00000004.pt"]
 
 
 def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    ckpt.save_checkpoint(tmp_path, 1, {"step": 1}, keep=3)
+    ckpt.save_checkpoint(tmp_path, 1, ckpt.TrainState(model={}, step=1), keep=3)
 
     def boom(*args, **kwargs):
         raise KeyboardInterrupt("killed mid-write")
 
     monkeypatch.setattr(torch, "save", boom)
     with pytest.raises(KeyboardInterrupt):
-        ckpt.save_checkpoint(tmp_path, 2, {"step": 2}, keep=3)
+        ckpt.save_checkpoint(tmp_path, 2, ckpt.TrainState(model={}, step=2), keep=3)
     names = sorted(p.name for p in ckpt.list_checkpoints(tmp_path))
     assert names == ["step_00000001.pt"]
     assert torch.load(tmp_path / names[0], weights_only=True)["step"] == 1

@@ -1,13 +1,11 @@
-"""app/run_dir_guard.py: what a refused start wrote is put back; nothing else is touched."""
+"""app/core/run_dir_guard.py: what a refused start wrote is put back; nothing else is touched."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from app.cli import run_dir_guard
-from app.cli.run_dir_guard import RunDirGuard, RunDirSnapshot
+from app.core import run_dir_guard
+from app.core.run_dir_guard import RunDirSnapshot
 
 
 def _finished(root: Path) -> None:
@@ -20,7 +18,7 @@ def _finished(root: Path) -> None:
 
 
 def _arm(root: Path) -> None:
-    RunDirGuard().on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(root)}}}))
+    run_dir_guard.arm(root)
 
 
 def test_a_refusal_puts_back_what_the_start_wrote_and_nothing_else(tmp_path):

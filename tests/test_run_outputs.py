@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.engine.runner import run_training
-from tests.conftest import compose, tiny
+from tests.conftest import config, tiny
 
 SUMMARY_KEYS = {
     "status",
@@ -36,8 +36,8 @@ VAL_TAGS = {"val/loss", "val/perplexity"}
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run")
-    summary = run_training(compose(tiny(tmp, "training.micro_batch_size=3")), tmp / "out")
-    assert summary["status"] == "completed"
+    summary = run_training(config(tiny(tmp, "training.micro_batch_size=3")), tmp / "out")
+    assert summary.status == "completed"
     return tmp / "out"
 
 
@@ -77,7 +77,7 @@ def test_the_validation_set_does_not_depend_on_the_micro_batch(tmp_path):
     their validation losses must be scored on the same sequences to be comparable."""
     initial = {}
     for micro in (2, 8):
-        cfg = compose(tiny(tmp_path, f"training.micro_batch_size={micro}", "training.max_steps=1"))
-        initial[micro] = run_training(cfg, tmp_path / f"micro-{micro}")["initial_val_loss"]
+        cfg = config(tiny(tmp_path, f"training.micro_batch_size={micro}", "training.max_steps=1"))
+        initial[micro] = run_training(cfg, tmp_path / f"micro-{micro}").initial_val["loss"]
     # Same model and sequences, batched differently: equal up to float32 rounding.
     assert initial[2] == pytest.approx(initial[8], rel=1e-6)

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
+from app.hpo import TrialAttrs
 from hydra_plugins.hydratrain_optuna_sweeper import reporter
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._samplers import (
@@ -291,6 +292,12 @@ def _job_cfg(**hpo):
     return OmegaConf.create({"hpo": _hpo(reporter=reporter_path, **hpo)})
 
 
+def _job(**hpo):
+    """(hpo node, config) as a job hands them to build_reporter."""
+    cfg = _job_cfg(**hpo)
+    return cfg.hpo, cfg
+
+
 def test_reporter_rebuilds_the_trial_from_storage_and_prunes(tmp_path):
     """The path a job in another process takes: nothing but cfg.hpo and the storage."""
     from app.hpo import build_reporter
@@ -309,12 +316,13 @@ def test_reporter_rebuilds_the_trial_from_storage_and_prunes(tmp_path):
         pruner_args={"n_startup_trials": 1, "n_warmup_steps": 0},
     )
     assert reporter._LIVE_TRIALS == {}
-    rep = build_reporter(cfg)
+    rep = build_reporter(cfg.hpo, cfg)
     assert rep.report(5, {"val_loss": 9.0}) is True
-    rep.set_attrs({"micro_batch_size": 4, "run_dir": tmp_path})
+    rep.set_attrs(TrialAttrs(micro_batch_size=4, run_dir=str(tmp_path)))
     frozen = study.get_trials()[-1]
     assert frozen.intermediate_values == {5: 9.0}
-    assert frozen.user_attrs == {"micro_batch_size": 4, "run_dir": str(tmp_path)}
+    attrs = {k: v for k, v in frozen.user_attrs.items() if v is not None}
+    assert attrs == {"micro_batch_size": 4, "run_dir": str(tmp_path)}
 
 
 def test_reporter_of_a_trial_failed_elsewhere_goes_quiet(tmp_path, caplog):
@@ -323,7 +331,7 @@ def test_reporter_of_a_trial_failed_elsewhere_goes_quiet(tmp_path, caplog):
     study.tell(trial.number, state=TrialState.FAIL)  # another worker: stale
     rep = reporter.OptunaReporter(trial, "val_loss", can_prune=True)
     assert rep.report(1, {"val_loss": 1.0}) is False
-    rep.set_attrs({"run_dir": "x"})
+    rep.set_attrs(TrialAttrs(run_dir="x"))
     assert rep.report(2, {"val_loss": 1.0}) is False
     assert sum("finished by another worker" in r.message for r in caplog.records) == 1
 
@@ -331,13 +339,14 @@ def test_reporter_of_a_trial_failed_elsewhere_goes_quiet(tmp_path, caplog):
 def test_reporter_is_a_noop_outside_a_sweep():
     from app.hpo import NullReporter, build_reporter
 
-    assert isinstance(build_reporter(OmegaConf.create({"hpo": _hpo()})), NullReporter)
-    assert isinstance(build_reporter(OmegaConf.create({"hpo": None})), NullReporter)
+    cfg = OmegaConf.create({"hpo": _hpo()})
+    assert isinstance(build_reporter(cfg.hpo, cfg), NullReporter)
+    assert isinstance(build_reporter(None, cfg), NullReporter)
 
 
 def test_a_misspelled_hpo_key_in_an_experiment_is_an_error_naming_it(tmp_path):
-    """The hpo group is typed (app/hpo_config.py): composition refuses the key, in one line."""
-    from app.cli.preflight import compose, one_line
+    """The hpo group is typed (app/config/hpo.py): composition refuses the key, in one line."""
+    from app.config.compose import compose, one_line
 
     (tmp_path / "experiment").mkdir()
     (tmp_path / "experiment" / "typo.yaml").write_text("# @package _global_\nhpo: {n_trail: 5}\n")
@@ -347,7 +356,7 @@ def test_a_misspelled_hpo_key_in_an_experiment_is_an_error_naming_it(tmp_path):
 
 
 def test_conf_hpo_optuna_sets_no_setting_to_its_default():
-    """One default per setting: the YAML sets only what differs from app/hpo_config.py."""
+    """One default per setting: the YAML sets only what differs from app/config/hpo.py."""
     from pathlib import Path
 
     from app.config.hpo import HpoConfig
@@ -391,7 +400,7 @@ def test_a_jobs_pruner_is_built_with_its_own_evaluation_schedule(tmp_path, monke
         study_name="h", storage=spec.target, trial_number=live.number, pruner="hyperband"
     )
     cfg.training = {"eval_every": 10, "max_steps": 120}
-    build_reporter(cfg)
+    build_reporter(cfg.hpo, cfg)
     assert built == [{"min_resource": 10, "max_resource": 120}]
 
 
@@ -417,9 +426,9 @@ def test_an_accuracy_study_prunes_the_low_accuracy_trial_not_the_high_one(tmp_pa
         "pruner_args": {"n_startup_trials": 1, "n_warmup_steps": 0},
     }
     low, high = study.ask(), study.ask()
-    assert build_reporter(_job_cfg(trial_number=low.number, **over)).report(
+    assert build_reporter(*_job(trial_number=low.number, **over)).report(
         5, {"val_loss": 0.1, "val_accuracy": 0.30}
     )
-    assert not build_reporter(_job_cfg(trial_number=high.number, **over)).report(
+    assert not build_reporter(*_job(trial_number=high.number, **over)).report(
         5, {"val_loss": 9.0, "val_accuracy": 0.95}
     )

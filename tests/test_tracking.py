@@ -9,14 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
+from app.components.tracking import tracked_config
+from app.components.tracking.base import Sink
 from app.core.outcomes import TrainingOOM
 from app.engine.runner import run_training
 from app.engine.telemetry import RunLogger
-from app.components.tracking import tracked_config
-from app.components.tracking.base import Sink
-from tests.conftest import ROOT, TINY, compose, tiny
+from tests.conftest import ROOT, TINY, compose, config, tiny
 
 
 def logged(run_dir: Path, key: str) -> list[tuple[int, float]]:
@@ -42,11 +41,11 @@ def tracked(tmp_path_factory):
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
     tmp = tmp_path_factory.mktemp("tracked")
-    done = run_training(compose(with_trackers(tmp)), tmp / "done")
-    assert done["status"] == "completed"
+    done = run_training(config(with_trackers(tmp)), tmp / "done")
+    assert done.status == "completed"
     failing = with_trackers(tmp, "faults.oom_above_micro_batch=0", "faults.oom_from_step=2")
     with pytest.raises(TrainingOOM):
-        run_training(compose(failing), tmp / "oom")
+        run_training(config(failing), tmp / "oom")
     return tmp
 
 
@@ -140,21 +139,20 @@ def test_a_tracker_whose_library_is_missing_is_one_line_before_work(tmp_path, tr
     ],
 )
 def test_tracking_settings_are_validated(override, message):
-    from app.config.schema import ConfigError, validate
+    from app.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        validate(compose([*TINY, override]))
+        load_config(compose([*TINY, override]))
 
 
 def test_tracked_config_is_resolved_and_masks_passwords():
-    cfg = OmegaConf.create(
-        {"a": 1, "b": "${a}", "hpo": {"storage": "postgresql://me:s3cret@db/optuna"}}
-    )
-    assert tracked_config(cfg) == {
-        "a": 1,
-        "b": 1,
-        "hpo": {"storage": "postgresql://me:***@db/optuna"},
-    }
+    storage = "postgresql://me:s3cret@db/optuna"
+    cfg = config([*TINY, "hpo=optuna", f"hpo.storage={storage}"])
+    tracked = tracked_config(cfg)
+    assert tracked["hpo"]["storage"] == "postgresql://me:***@db/optuna"
+    # resolved: hpo.study_name is ${model.name}-${data.name} in conf/hpo/optuna.yaml
+    assert tracked["hpo"]["study_name"] == "tiny_gpt2-tiny_corpus"
+    assert tracked["training"]["lr"] == cfg.training.lr
 
 
 class Recording(Sink):
@@ -193,11 +191,11 @@ def test_run_logger_fans_out_and_drops_a_failing_sink(tmp_path, caplog):
 
 def test_an_artifact_location_mlflow_cannot_store_to_is_refused_before_the_experiment(tmp_path):
     pytest.importorskip("mlflow")
+    from app.config import ConfigError
     from app.engine.start_checks import check_trackers
-    from app.config.schema import ConfigError
 
     db = tmp_path / "mlflow.db"
-    cfg = compose(
+    cfg = config(
         with_trackers(
             tmp_path,
             "tracking.wandb.enabled=false",
@@ -208,10 +206,10 @@ def test_an_artifact_location_mlflow_cannot_store_to_is_refused_before_the_exper
     with pytest.raises(
         ConfigError, match=r"^tracking.mlflow.artifact_location='bogus://zz': .*bogus"
     ):
-        check_trackers(cfg)
+        check_trackers(cfg.tracking)
     assert not db.exists()  # no experiment was created with it
     cfg.tracking.mlflow.artifact_location = str(tmp_path / "artifacts")
-    check_trackers(cfg)  # a local directory is fine
+    check_trackers(cfg.tracking)  # a local directory is fine
 
 
 def test_an_unreachable_mlflow_server_is_one_line_within_seconds(tmp_path, monkeypatch):
@@ -220,13 +218,13 @@ def test_an_unreachable_mlflow_server_is_one_line_within_seconds(tmp_path, monke
     import os
     import time
 
-    from app.config.schema import ConfigError
     from app.components.tracking import build_sinks
     from app.components.tracking.mlflow_sink import HTTP_LIMITS
+    from app.config import ConfigError
 
     for name in HTTP_LIMITS:
         monkeypatch.delenv(name, raising=False)
-    cfg = compose(
+    cfg = config(
         with_trackers(
             tmp_path,
             "tracking.wandb.enabled=false",
@@ -236,7 +234,7 @@ def test_an_unreachable_mlflow_server_is_one_line_within_seconds(tmp_path, monke
     started = time.monotonic()
     try:
         with pytest.raises(ConfigError, match=r"^tracking\.mlflow: could not start: "):
-            build_sinks(cfg, tmp_path / "run")
+            build_sinks(cfg.tracking, tmp_path / "run", None)
     finally:
         for name in HTTP_LIMITS:
             os.environ.pop(name, None)

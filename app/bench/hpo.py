@@ -87,13 +87,13 @@ REPLAYS: dict[str, tuple[str, dict[str, Any]]] = {
 def replay(trials: list[dict[str, Any]], spec: tuple[str, dict[str, Any]]) -> dict[str, Any]:
     import optuna
 
-    from hydra_plugins.hydratrain_optuna_sweeper._samplers import EvalSchedule, build_pruner
+    from hydra_plugins.hydratrain_optuna_sweeper.pruning import study_pruner
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name, args = spec
     last = max(t["steps"] for t in trials)
     every = min(s for t in trials for s, _ in t["curve"] if s > 0)
-    pruner = build_pruner(name, args, 1, EvalSchedule(every=every, last=last))
+    pruner = study_pruner(name, args, every, last)
     study = optuna.create_study(direction="minimize", pruner=pruner)
     steps, values = 0, []
     for t in trials:
@@ -114,8 +114,7 @@ def replay(trials: list[dict[str, Any]], spec: tuple[str, dict[str, Any]]) -> di
 
 def run_study(overrides: list[str]) -> dict[str, Any]:
     import optuna
-
-    from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+    from optuna.storages.journal import JournalFileBackend
 
     with tempfile.TemporaryDirectory(prefix="bench-hpo-") as tmp:
         cmd = [
@@ -130,7 +129,8 @@ def run_study(overrides: list[str]) -> dict[str, Any]:
                 f"study failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}"
             )
         wall = time.perf_counter() - started
-        study = optuna.load_study(study_name="bench", storage=journal(f"{tmp}/study.journal"))
+        journal = optuna.storages.JournalStorage(JournalFileBackend(f"{tmp}/study.journal"))
+        study = optuna.load_study(study_name="bench", storage=journal)
         trials = [trial_row(t) for t in sorted(study.get_trials(), key=lambda t: t.number)]
     done = [t for t in trials if t["value"] is not None and t["state"] == "COMPLETE"]
     return {

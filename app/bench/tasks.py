@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 
-from app.components.tasks import Task, TaskData, build_task
+from app.components.tasks import build_task
+from app.components.tasks.base import Task, TaskData
+from app.config.schema import TrainConfig
 
 
-def bench_task(cfg: DictConfig) -> CausalLMBench | ClassificationBench:
-    task = build_task(cfg.get("task"))
+def bench_task(cfg: TrainConfig) -> CausalLMBench | ClassificationBench:
+    task = build_task(cfg.task)
     return BENCH_TASKS[task.name](task, cfg)
 
 
@@ -28,7 +29,7 @@ class CausalLMBench:
 
     unit = "tokens"
 
-    def __init__(self, task: Task, cfg: DictConfig) -> None:
+    def __init__(self, task: Task, cfg: TrainConfig) -> None:
         self.task, self.cfg = task, cfg
 
     def step_work(self, blocks: torch.Tensor, sizes: Sequence[int]) -> tuple[int, int]:
@@ -77,7 +78,7 @@ class ClassificationBench:
 
     unit = "samples"
 
-    def __init__(self, task: Task, cfg: DictConfig) -> None:
+    def __init__(self, task: Task, cfg: TrainConfig) -> None:
         self.task, self.cfg = task, cfg
 
     def step_work(self, rows, sizes: Sequence[int]) -> tuple[int, int]:

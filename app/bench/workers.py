@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.bench.clock import StepClock
 from app.bench.lockstep import Baton
+
+if TYPE_CHECKING:
+    from app.config.schema import TrainConfig
 
 
 def worker_main(spec_path: Path) -> int:
@@ -23,11 +26,12 @@ def _clock(spec: dict[str, Any], cfg, device) -> StepClock:
     return StepClock(spec["start_time"], spec["warmup"], cfg.training.max_steps, device, baton)
 
 
-def _compose(spec: dict[str, Any]):
-    from app.cli.preflight import compose
+def _compose(spec: dict[str, Any]) -> TrainConfig:
+    from app.config.compose import compose
+    from app.config.schema import load_config
 
     total = spec["warmup"] + spec["steps"]
-    return compose("train", [*spec["overrides"], f"training.max_steps={total}"])
+    return load_config(compose("train", [*spec["overrides"], f"training.max_steps={total}"]))
 
 
 def _result(
@@ -87,7 +91,7 @@ def _device_setup(cfg, host_malloc: str):
 
 
 def _flops(model, cfg, device, precision, task) -> tuple[int, float | None]:
-    from app.components.models.build import model_shape
+    from app.components.models.shape import model_shape
     from app.engine.telemetry import flops_per_token
 
     s = model_shape(model)
@@ -100,8 +104,8 @@ def work_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     """The real `run_training`; the only addition is a timestamp after each optimizer step."""
     import torch
 
-    import app.engine.loop as loop
     from app.bench.tasks import bench_task
+    from app.engine.run import Observers, StepHooks
     from app.engine.runner import run_training
 
     # Evaluation and checkpoints run after the last timed step; nothing else is changed.
@@ -115,29 +119,25 @@ def work_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     bench = bench_task(cfg)
     device = torch.device("cuda" if _wants_cuda(cfg) else "cpu")
     clock = _clock(spec, cfg, device)
-    inner = loop.step_with_recovery
 
-    def timed(run, blocks, step):
-        clock.before_step()
-        clock.count(*bench.step_work(blocks, run.plan.micro_sizes))
-        out = inner(run, blocks, step)
-        clock.step_done()
-        return out
+    class Timed(StepHooks):
+        def on_step_start(self, run: Any, step: int, batch: Any) -> None:
+            clock.before_step()
+            clock.count(*bench.step_work(batch, run.plan.micro_sizes))
 
-    loop.step_with_recovery = timed  # train() looks it up at call time
-    try:
-        summary = run_training(cfg, Path(spec["tmp"]) / "run")
-    finally:
-        loop.step_with_recovery = inner
+        def on_step_end(self, run: Any, step: int) -> None:
+            clock.step_done()
+
+    summary = run_training(cfg, Path(spec["tmp"]) / "run", Observers(hooks=Timed()))
     return _result(
         clock,
         cfg,
         bench.unit,
-        summary["final_train_loss"],
-        summary["device_name"],
-        summary["dtype"],
-        summary["flops_per_token"],
-        summary["peak_tflops"],
+        summary.final_train_loss or float("nan"),
+        summary.device_name or "",
+        summary.dtype or "",
+        summary.flops_per_token,
+        summary.peak_tflops,
     )
 
 
@@ -176,7 +176,7 @@ def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from app.bench.tasks import bench_task
-    from app.components.optim.adamw import build_scheduler
+    from app.components.schedule import build_scheduler
 
     cfg = _compose(spec)
     # The floor gets every process setting the trainer has, the host malloc policy included.

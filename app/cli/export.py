@@ -1,210 +1,35 @@
-"""The result users load: a model directory in Hugging Face format.
+"""`python -m app.export <run dir | checkpoints/ | step_*.pt> [--out DIR]`: a checkpoint's model
+and tokenizer in Hugging Face format (app/engine/export.py writes it).
 
-`config.json`, `model.safetensors`, the tokenizer the run trained or loaded, and for a language
-model `generation_config.json`: `AutoModelForCausalLM` (or `...ForSequenceClassification`) and
-`AutoTokenizer` load it with no code of this project. A completed run writes it to
-`<run dir>/model` (`training.export`); `python -m app.export` writes it from any checkpoint.
-
-The directory is written beside its target under a temporary name and renamed into place, so an
-export is complete or absent, and one it replaces stays whole until the new one is there.
+The model is rebuilt from the config the checkpoint records, and paired with the tokenizer the
+run trained with. --out is refused in one line before any work when it would replace anything
+but an earlier export.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import re
-import secrets
-import shutil
+import dataclasses
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from app.core.atomic import fsync_dir
-from app.config.validation import first_line
-
-EXPORT_DIR = "model"
-# <run dir>/tokenizer: the tokenizer the run trained with, saved when it starts (checkpoints
-# record its fingerprint), so an export pairs the weights with it whatever the data is today.
-TOKENIZER_DIR = "tokenizer"
-# What save_pretrained writes for a model and its tokenizer: a directory holding config.json,
-# model.safetensors and nothing but these is an earlier export, which --out may replace.
-EXPORT_FILES = frozenset(
-    {
-        "config.json",
-        "generation_config.json",
-        "model.safetensors",
-        "model.safetensors.index.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "added_tokens.json",
-        "chat_template.jinja",
-        "chat_template.json",
-        "vocab.json",
-        "merges.txt",
-        "vocab.txt",
-        "tokenizer.model",
-        "spiece.model",
-        "sentencepiece.bpe.model",
-    }
+from app.components.data.config import DataConfig
+from app.components.models.config import ModelConfig
+from app.components.tasks.config import TaskConfig
+from app.core.errors import first_line
+from app.engine.export import (
+    EXPORT_DIR,
+    EXPORT_FILES,
+    EXPORT_MARKER,
+    SHARD_NAME,
+    TOKENIZER_DIR,
+    saved_fingerprint,
+    write_export,
 )
-_SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
-# Written into every export: what tells an export of ours, which --out may replace, from a model
-# directory of the same files that is not (a downloaded base model, say).
-EXPORT_MARKER = "hydratrain_export.json"
 
-
-def write_export(model: Any, tokenizer: Any | None, out: Path) -> Path:
-    """Write `model` (unwrapped: no DDP, no torch.compile) and `tokenizer` to `out`."""
-    return write_dir(Path(out), lambda tmp: save_files(model, tokenizer, tmp))
-
-
-def write_dir(out: Path, fill: Callable[[Path], None]) -> Path:
-    """`out` as `fill` writes it, complete or absent: filled beside it, then renamed in."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(out)
-    tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
-    tmp.mkdir()  # not mkdtemp: its 0700 would outlive the rename
-    try:
-        fill(tmp)
-        _replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def save_files(model: Any, tokenizer: Any | None, directory: Path) -> None:
-    from app.components.models.pretrained import position_limit
-
-    generates = model.can_generate()
-    with _quiet(), _use_cache(model, generates):
-        model.save_pretrained(directory, safe_serialization=True)
-    if tokenizer is not None:
-        limit = position_limit(model.config)
-        before = tokenizer.model_max_length  # the run's object: set for the export only
-        if limit is not None:  # inputs longer than the positions are refused with a warning
-            tokenizer.model_max_length = limit
-        try:
-            tokenizer.save_pretrained(directory)
-        finally:
-            tokenizer.model_max_length = before
-    if generates:
-        generation_config(model, tokenizer).save_pretrained(directory)
-    (directory / EXPORT_MARKER).write_text('{"written_by": "hydratrain"}\n')
-
-
-def generation_config(model: Any, tokenizer: Any | None) -> Any:
-    """Stop at the end-of-document token the model was trained with, and pad with it: without
-    a pad id generate() warns, and batched generation has nothing to pad with. A fresh config,
-    not one derived from the model's, which older transformers would re-derive and drop."""
-    from transformers import GenerationConfig
-
-    def token(name: str) -> int | None:
-        found = getattr(tokenizer, f"{name}_token_id", None)
-        return getattr(model.config, f"{name}_token_id", None) if found is None else found
-
-    eos, pad = token("eos"), token("pad")
-    return GenerationConfig(
-        bos_token_id=token("bos"), eos_token_id=eos, pad_token_id=eos if pad is None else pad
-    )
-
-
-@contextlib.contextmanager
-def _use_cache(model: Any, on: bool) -> Iterator[None]:
-    """Training turns the KV cache off (it only costs memory there); generation wants it."""
-    before = getattr(model.config, "use_cache", None)
-    if on:
-        model.config.use_cache = True
-    try:
-        yield
-    finally:
-        if on:
-            model.config.use_cache = before
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """No progress bar in a run's log for writing one shard."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
-def _replace(new: Path, out: Path) -> None:
-    # Two renames: the old export moves aside, the new one takes its name. A kill in between
-    # leaves no export and both temporaries, which the next export removes.
-    old = None
-    if out.exists() or out.is_symlink():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}.tmp")
-        os.replace(out, old)
-    os.replace(new, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-
-
-def remove_stale_temporaries(out: Path) -> None:
-    """Temporaries of an export a kill interrupted."""
-    for tmp in out.parent.glob(f".{out.name}.*.tmp"):
-        shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink(missing_ok=True)
-
-
-def export_run(model: Any, task: Any, data_cfg: Any, run_dir: Path) -> Path:
-    """The end of a completed run: <run dir>/model. A failed write ends the run in one line."""
-    from app.core.outcomes import WriteFailed
-
-    out = run_dir / EXPORT_DIR
-    try:
-        return write_export(model, task.export_tokenizer(data_cfg), out)
-    except (OSError, RuntimeError) as exc:  # torch/safetensors report a full disk variously
-        raise WriteFailed(
-            f"could not write the export {out} ({first_line(exc)}); the checkpoints are intact: "
-            f"python -m app.export {run_dir} writes it again"
-        ) from None
-
-
-def save_run_tokenizer(tokenizer: Any | None, run_dir: Path) -> str | None:
-    """Save the run's tokenizer to <run dir>/tokenizer (once: kept while its fingerprint is the
-    same, as on a resume) and return the fingerprint its checkpoints record; None when there is
-    nothing to save (synthetic ids, a slow tokenizer)."""
-    from app.components.data.hf_tokenizer import fingerprint
-    from app.core.outcomes import WriteFailed
-
-    found = None if tokenizer is None else fingerprint(tokenizer)
-    directory = run_dir / TOKENIZER_DIR
-    if found is None or saved_fingerprint(directory) == found:
-        return found
-    try:
-        write_dir(directory, lambda tmp: tokenizer.save_pretrained(tmp))
-    except OSError as exc:
-        raise WriteFailed(
-            f"could not write the run's tokenizer {directory} ({first_line(exc)})"
-        ) from None
-    return found
-
-
-def saved_fingerprint(directory: Path) -> str | None:
-    """The fingerprint of the tokenizer saved in `directory`, None when there is none."""
-    from app.components.data.hf_tokenizer import fingerprint_json
-
-    try:
-        return fingerprint_json((directory / "tokenizer.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, AttributeError):  # absent, unreadable, not a JSON object
-        return None
-
-
-# ---------------------------------------------------------------------------------------------
-# From a checkpoint: python -m app.export <run dir | checkpoints/ | step_*.pt> [--out DIR]
+if TYPE_CHECKING:
+    from app.engine.checkpoint import TrainState
 
 
 class ExportError(Exception):
@@ -219,13 +44,13 @@ def export_checkpoint(source: Path, out: Path | None = None) -> tuple[Path, Path
     target = out or default
     check_out(target, checkpoint, "--out" if out else "the default --out", ours=target == default)
     state = load_state(checkpoint)
-    cfg = run_config(checkpoint, state)
-    model, tokenizer = rebuild(cfg, checkpoint, state)
+    settings = run_settings(checkpoint, state)
+    model, tokenizer = rebuild(settings, checkpoint, state)
     try:
         write_export(model, tokenizer, target)
     except OSError as exc:
         raise ExportError(f"cannot write {target} ({exc.strerror or first_line(exc)})") from None
-    return target, checkpoint, int(state.get("step", 0))
+    return target, checkpoint, int(state.step)
 
 
 def find_checkpoint(source: Path) -> Path:
@@ -290,15 +115,17 @@ def is_earlier_export(directory: Path, ours: bool = False) -> bool:
     has_weights = bool(names & {"model.safetensors", "model.safetensors.index.json"})
     known = EXPORT_FILES | {EXPORT_MARKER}
     only_export_files = all(
-        e.is_file() and not e.is_symlink() and (e.name in known or _SHARD.match(e.name))
+        e.is_file() and not e.is_symlink() and (e.name in known or SHARD_NAME.match(e.name))
         for e in entries
     )
     marked = ours or EXPORT_MARKER in names
     return "config.json" in names and has_weights and only_export_files and marked
 
 
-def load_state(path: Path) -> dict[str, Any]:
+def load_state(path: Path) -> TrainState:
     import torch
+
+    from app.engine.checkpoint import TrainState
 
     try:  # weights_only: a checkpoint is data, never code to run
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -309,16 +136,25 @@ def load_state(path: Path) -> dict[str, Any]:
         ) from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise ExportError(f"{path} holds no model state; it was not written by this trainer")
-    return state
+    return TrainState.from_dict(state)
 
 
-def run_config(checkpoint: Path, state: dict[str, Any]) -> Any:
+@dataclasses.dataclass
+class RunSettings:
+    """What rebuilding a checkpoint's model needs of the config it was trained with."""
+
+    task: TaskConfig
+    model: ModelConfig
+    data: DataConfig
+
+
+def run_settings(checkpoint: Path, state: TrainState) -> RunSettings:
     """The task, model and data settings the checkpoint was trained with (stored in it, else
     its run's .hydra/), on the schema: keys added since then take their defaults."""
     from omegaconf import OmegaConf
 
+    import app.config.schema  # noqa: F401 (its resolvers: a .hydra/ config may hold them)
     from app.engine.start_checks import saved_run_config
-    from app.config.schema import DataConfig, ModelConfig, TaskConfig
 
     saved = saved_run_config(checkpoint, state)
     if saved is None:
@@ -326,36 +162,43 @@ def run_config(checkpoint: Path, state: dict[str, Any]) -> Any:
             f"{checkpoint} records no config and its run directory has no .hydra/config.yaml: "
             "the model it holds cannot be rebuilt"
         )
-    schema = OmegaConf.create({"task": TaskConfig(), "model": ModelConfig(), "data": DataConfig()})
+    schema = OmegaConf.structured(RunSettings(TaskConfig(), ModelConfig(), DataConfig()))
     known = {
-        group: {k: v for k, v in (saved.get(group) or {}).items() if k in schema[group]}
-        for group in schema
+        group: {k: v for k, v in (saved.get(group) or {}).items() if k in _names(group)}
+        for group in ("task", "model", "data")
     }
     try:
-        cfg = OmegaConf.merge(schema, known)
+        settings = OmegaConf.to_object(OmegaConf.merge(schema, known))
     except Exception as exc:  # a value of another type than the schema's today
         raise ExportError(
             f"{checkpoint}: its recorded config does not fit ({first_line(exc)})"
         ) from None
-    cfg.model.gradient_checkpointing = False  # a training setting: nothing to export
-    return cfg
+    assert isinstance(settings, RunSettings)
+    settings.model.gradient_checkpointing = False  # a training setting: nothing to export
+    return settings
 
 
-def rebuild(cfg: Any, checkpoint: Path, state: dict[str, Any]) -> tuple[Any, Any | None]:
+def _names(group: str) -> set[str]:
+    """The settings a group of the schema has today."""
+    kind = {"task": TaskConfig, "model": ModelConfig, "data": DataConfig}[group]
+    return {f.name for f in dataclasses.fields(kind)}
+
+
+def rebuild(settings: RunSettings, checkpoint: Path, state: TrainState) -> tuple[Any, Any | None]:
     """The checkpoint's model, and the tokenizer it was trained with: its run's saved one when
     the checkpoint's fingerprint matches it, else rebuilt from the data and checked."""
     from app.components.tasks import build_task
 
-    task = build_task(cfg.task)
-    recorded = state.get("tokenizer_sha256")
+    task = build_task(settings.task)
+    recorded = state.tokenizer_sha256
     saved = run_tokenizer(checkpoint, recorded)
-    data = model_data(task, cfg.data, checkpoint, saved)
+    data = model_data(task, settings.data, checkpoint, saved)
     tokenizer = data.info.get("tokenizer")
     if saved is None:
         check_rebuilt(tokenizer, recorded, checkpoint)
-    model = task.build_model(cfg.model, data)
+    model = task.build_model(settings.model, data)
     try:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(state.model)
     except (RuntimeError, KeyError) as exc:
         raise ExportError(
             f"{checkpoint}: its weights do not fit the model its config describes "
@@ -389,11 +232,11 @@ def run_tokenizer(checkpoint: Path, recorded: Any) -> Any | None:
     return tokenizer
 
 
-def model_data(task: Any, data_cfg: Any, checkpoint: Path, saved: Any | None) -> Any:
-    from app.config.validation import ConfigError
+def model_data(task: Any, data: DataConfig, checkpoint: Path, saved: Any | None) -> Any:
+    from app.core.errors import ConfigError
 
     try:
-        return task.model_data(data_cfg, saved)
+        return task.model_data(data, saved)
     except ConfigError as exc:
         if saved is not None:
             raise
@@ -442,7 +285,7 @@ def _fail(message: str) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from app.config.validation import ConfigError
+    from app.core.errors import ConfigError
 
     parser = _Parser(
         prog="python -m app.export",

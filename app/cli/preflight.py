@@ -1,26 +1,28 @@
 """Check the command line before Hydra runs: bad input ends in one line, and touches nothing.
 
-Hydra's own messages for an unknown option or key span several lines, and by the time the task
-function runs Hydra has already written `.hydra/` (and a log file) into the run directory. So the
-same composition is done here first, any error is reduced to one line that names the setting and
-what is allowed, and the checks of the machine and the files (app/checks.py) run too: a refused
-run leaves an existing run directory byte for byte as it was.
+Hydra's own messages for an unknown option or key span several lines and end in exit status 1.
+So the same composition is done here first and any error is reduced to one line that names the
+setting and what is allowed, with status 2. The config's own checks and those of the machine and
+the files run in a Hydra callback once Hydra has composed the job, before it creates or writes
+the run directory (app/cli/callbacks.py): a refused run leaves an existing run directory byte
+for byte as it was. `--cfg` and friends print the config without running a job (no callback),
+so their config is checked here.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from app.config.compose import compose, one_line
+from app.config.schema import load_config
+from app.core.errors import ConfigError
 
-from app.engine.start_checks import AlreadyComplete
-from app.config.schema import ConfigError, register_configs, validate
-from app.config.validation import first_line
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # Flags after which preflight steps aside: Hydra answers them itself.
 _SKIP_FLAGS = {
     "-h",
@@ -77,129 +79,42 @@ def split_argv(argv: list[str]) -> Invocation | None:
     return inv
 
 
-def compose(name: str, overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return hydra_compose(
-            config_name=name, overrides=overrides, return_hydra_config=return_hydra_config
-        )
-
-
 def preflight(argv: list[str]) -> None:
     inv = split_argv(argv)
     if inv is None:
         return
     try:
-        if inv.multirun:
-            _compose_sweep(inv)
-            return
-        cfg, run_dir = _compose_job(inv)
-        validate(cfg)
-        if inv.runs_job and run_dir is not None:
-            _check_machine(cfg, run_dir)
-    except AlreadyComplete as done:
-        print(f"done       {done}", flush=True)
-        sys.exit(0)
+        cfg = compose(inv.config_name, _overrides(inv), return_hydra_config=True)
+        if not inv.runs_job and not inv.multirun:
+            load_config(_job_part(cfg))
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except Exception as exc:  # Hydra/OmegaConf composition errors
-        _fail(one_line(exc, inv.config_name))
+        fail(one_line(exc, inv.config_name))
 
 
-def _compose_job(inv: Invocation) -> tuple[DictConfig, Path | None]:
-    """The job's config (without the hydra node) and the run directory Hydra will use."""
-    searchpath = [f"hydra.searchpath=[{','.join('file://' + d for d in inv.config_dirs)}]"]
-    extra = searchpath if inv.config_dirs else []
-    cfg = compose(
-        inv.config_name, inv.overrides + inv.hydra_overrides + extra, return_hydra_config=True
-    )
-    try:
-        run_dir: Path | None = Path(str(cfg.hydra.run.dir))
-    except Exception:  # a run dir that only resolves inside Hydra's job: checked by the run
-        run_dir = None
+def _overrides(inv: Invocation) -> list[str]:
+    """What Hydra will compose: under -m, the sweep's base config (sweep expressions are the
+    sweeper's); --config-dir as the search path it adds."""
+    overrides = inv.overrides
+    if inv.multirun:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parser = OverridesParser.create()
+        overrides = [o for o in overrides if not parser.parse_override(o).is_sweep_override()]
+    dirs = ",".join("file://" + d for d in inv.config_dirs)
+    searchpath = [f"hydra.searchpath=[{dirs}]"] if inv.config_dirs else []
+    return [*overrides, *inv.hydra_overrides, *searchpath]
+
+
+def _job_part(cfg: DictConfig) -> DictConfig:
+    from omegaconf import open_dict
+
     with open_dict(cfg):
         del cfg["hydra"]
-    return cfg, run_dir
+    return cfg
 
 
-def _compose_sweep(inv: Invocation) -> None:
-    """Compose the sweep's base config as Hydra will (sweep expressions left to the sweeper),
-    so a misspelled key or option is one line here rather than Hydra's message."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    fixed = [o for o in inv.overrides if not parser.parse_override(o).is_sweep_override()]
-    compose(inv.config_name, fixed + inv.hydra_overrides, return_hydra_config=True)
-
-
-def _check_machine(cfg: DictConfig, run_dir: Path) -> None:
-    from app.engine.start_checks import check_start
-    from app.components.hardware.memory import (
-        cuda_device_count_without_context,
-        cuda_total_memory_without_context,
-    )
-
-    wants = cfg.gpu.device_type
-    on_cuda = wants == "cuda" or (wants == "auto" and cuda_device_count_without_context() > 0)
-    if on_cuda:
-        import torch  # the run's own test for a device, so both agree
-
-        if not torch.cuda.is_available():
-            if wants == "cuda":
-                raise ConfigError(
-                    f"gpu={cfg.gpu.name} needs a CUDA device but torch sees none "
-                    "(torch.cuda.is_available() is False); use gpu=cpu or gpu=auto"
-                )
-            on_cuda = False
-    total = cuda_total_memory_without_context() if on_cuda else None
-    check_start(cfg, run_dir, "cuda" if on_cuda else "cpu", total)
-
-
-def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
-
-
-def one_line(exc: BaseException, config_name: str = "train") -> str:
-    from hydra.errors import MissingConfigException
-
-    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
-        group, _, option = exc.missing_cfg_file.rpartition("/")
-        allowed = ", ".join(sorted(exc.options or [])) or "(none)"
-        if group:
-            return f"{group}={option} is not an option of '{group}'; choose one of: {allowed}"
-        return f"config '{option}' not found"
-    cause = exc.__cause__ or exc
-    key = getattr(cause, "full_key", None)
-    text = first_line(cause)
-    if key is None and (found := _key_error_in(str(exc))):
-        key, text = found
-    if key and "not in" in text:
-        parent = key.rpartition(".")[0]
-        allowed = _keys_of(config_name, parent)
-        return f"{key}: no such setting{' in ' + parent if parent else ''}; known keys: {allowed}"
-    if key and "is not Optional" in text:  # OmegaConf: "field 'a.b' is not Optional"
-        return f"{key}=null is not allowed; give a value (see --cfg job for its default)"
-    if key:
-        return f"{key}: {text}"
-    return first_line(exc)
-
-
-def _key_error_in(message: str) -> tuple[str, str] | None:
-    """(full_key, what is wrong) from an error Hydra reports below a line of its own, as for a
-    bad key in a config file (`hpo: {n_trail: 5}` in an experiment)."""
-    found = re.search(r"^(.+)\n\s*full_key: (\S+)", message, re.M)
-    return (found.group(2), found.group(1).strip()) if found else None
-
-
-def _keys_of(config_name: str, parent: str) -> str:
-    try:
-        node = compose(config_name, [])
-        if parent:
-            node = OmegaConf.select(node, parent)
-        return ", ".join(sorted(str(k) for k in node))
-    except Exception:
-        return "see --cfg job"

@@ -1,1 +1,2 @@
-"""The foundation every other package stands on: errors, outcomes, signals, atomic files. No torch."""
+"""The foundation every other package stands on: errors, settings, registries, outcomes,
+signals, atomic files. No torch."""

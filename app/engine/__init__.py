@@ -1,1 +1,2 @@
-"""The training engine: the run, the loop, the batch plan, checkpoints, telemetry. No Hydra, no Optuna."""
+"""The training engine: the run, the loop, the batch plan, checkpoints, telemetry. No Hydra,
+no Optuna."""

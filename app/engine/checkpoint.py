@@ -1,28 +1,57 @@
 """Checkpoints that are complete or absent, and safe to load.
 
-Each checkpoint is one file written to a temporary name, fsynced, then renamed into place: a
-crash leaves either the previous checkpoints or the new one, never half a file. Loading uses
-`torch.load(weights_only=True)`, which refuses to unpickle arbitrary objects.
+A checkpoint is one typed record (`TrainState`) stored as its mapping in one file, written to a
+temporary name, fsynced, then renamed into place: a crash leaves either the previous
+checkpoints or the new one, never half a file. Loading uses `torch.load(weights_only=True)`,
+which refuses to unpickle arbitrary objects: plain tensors and containers only, so the format
+stays what `python -m app.export` and earlier runs read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import random
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from app.core.atomic import atomic_write, fsync_dir
-from app.config.schema import ConfigError
+from app.core.errors import ConfigError
 from app.core.outcomes import WriteFailed
 
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
+
+
+# What a checkpoint must hold to be resumed (the rest have defaults for older files).
+REQUIRED = ("model", "optimizer", "scheduler", "step", "rng")
+
+
+@dataclass
+class TrainState:
+    model: dict[str, Any]
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    step: int = 0  # optimizer steps done; the data position follows from it
+    rng: dict[str, Any] = field(default_factory=dict)
+    scaler: dict[str, Any] = field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)  # the batch plan it was trained with
+    config: dict[str, Any] | None = None  # what shaped the model: a resume is checked against it
+    tokenizer_sha256: str | None = None  # which tokenizer the export pairs it with
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> TrainState:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in state.items() if k in names})
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -36,13 +65,13 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
 
 
-def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(directory: Path, step: int, state: TrainState, keep: int) -> Path:
     """Write step `step`'s checkpoint, then drop all but the last `keep`. Raises WriteFailed
     (one line; the earlier checkpoints intact, no temporary file left) when the write fails."""
     final = checkpoint_path(directory, step)
     remove_stale_temporaries(directory)
     try:
-        atomic_write(final, lambda f: torch.save(state, f))
+        atomic_write(final, lambda f: torch.save(state.as_dict(), f))
         fsync_dir(directory)  # make the rename itself durable before older checkpoints go
     except (OSError, RuntimeError) as exc:  # torch reports a full disk as a RuntimeError
         raise WriteFailed(
@@ -92,7 +121,7 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
     )
 
 
-def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
+def load_checkpoint(path: Path, mmap: bool = False) -> TrainState:
     """The checkpoint's state; `mmap` maps the tensors instead of reading them (a quick look)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -101,13 +130,13 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
             f"training.resume: checkpoint {path} is unreadable ({type(exc).__name__}); "
             "point training.resume at an earlier step_*.pt"
         ) from exc
-    missing = {"model", "optimizer", "scheduler", "step", "rng"} - set(state)
+    missing = set(REQUIRED) - set(state) if isinstance(state, dict) else set(REQUIRED)
     if missing:
         raise ConfigError(
             f"training.resume: checkpoint {path} lacks {', '.join(sorted(missing))}; "
             "it was not written by this trainer"
         )
-    return state
+    return TrainState.from_dict(state)
 
 
 def rng_state() -> dict[str, Any]:

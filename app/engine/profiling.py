@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+
+from app.config.training import ProfilerConfig
 
 TRACE_DIR = Path("tensorboard") / "profile"
 
@@ -24,7 +25,7 @@ class StepProfiler:
 
     def __init__(
         self,
-        cfg: DictConfig,
+        cfg: ProfilerConfig,
         run_dir: Path,
         device: torch.device,
         max_steps: int,

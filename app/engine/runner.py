@@ -1,218 +1,264 @@
 """One training run, in the order of the design: hardware, precision, resume, data, model, batch
-plan, loop, summary. Called by the Hydra entrypoint with the composed config and the run dir."""
+plan, loop, summary. Called by the Hydra entrypoint with the typed config and the run dir."""
 
 from __future__ import annotations
 
 import gc
 import json
-import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from app.engine import checkpoint as ckpt
-from app.cli import run_dir_guard
-from app.engine.batch.faults import FaultInjector
-from app.engine.batch.plan import BatchPlan, eval_micro_size, fixed_plan
-from app.engine.batch.probe import auto_plan, oom_listener, plan_scalars
-from app.engine.batch.probe import describe as describe_choice
-from app.engine.start_checks import AlreadyComplete, check_start, tokenizer_warning
-from app.config.schema import ConfigError, validate
-from app.engine.context import RunContext
-from app.components.data.loader import StepDataset, make_step_loader, resolve_num_workers
-from app.engine.distributed import DistInfo, init_distributed, shared_run_dir, shutdown, wrap_ddp
-from app.cli.export import export_run, save_run_tokenizer
 from app.components.hardware.cuda_alloc import apply_expandable_segments
 from app.components.hardware.devices import detect_device, effective_preset
 from app.components.hardware.host_malloc import apply_host_malloc
 from app.components.hardware.precision import apply_precision_flags, resolve_precision
-from app.engine.loop import (
-    ModelFacts,
-    Observers,
-    Run,
-    evaluations_after,
-    peak_memory,
-    restore,
-    train,
-)
-from app.components.models.build import maybe_compile, model_shape
-from app.hpo import build_reporter
-from app.components.optim.adamw import build_optimizer, build_scheduler
-from app.core.outcomes import RunOutcome
+from app.components.models.pretrained_dir import tokenizer_warning
+from app.components.models.shape import maybe_compile, model_shape
+from app.components.optim import OPTIMIZERS
+from app.components.schedule import build_scheduler
+from app.components.tasks import build_task
+from app.components.tasks.base import Task, TaskData
+from app.components.tracking import build_sinks
+from app.config.schema import TrainConfig
+from app.core import run_dir_guard
+from app.core.errors import ConfigError, first_line
+from app.core.outcomes import RunOutcome, Status
 from app.core.preemption import stop_on_signals
-from app.components.tasks import Task, TaskData, build_task
-from app.engine.telemetry import RunLogger, flops_per_token, mfu, write_json_atomic
-from app.components.tracking import build_sinks, tracked_config
+from app.engine import checkpoint as ckpt
+from app.engine.batch.cache import ProbeSetup
+from app.engine.batch.faults import FaultInjector
+from app.engine.batch.plan import BatchPlan, eval_micro_size, fixed_plan
+from app.engine.batch.probe import auto_plan, oom_listener
+from app.engine.distributed import init_distributed, shared_run_dir, shutdown, wrap_ddp
+from app.engine.loop import train
+from app.engine.report import (
+    closing_line,
+    describe_run,
+    print_banner,
+    summarize_run,
+    write_summary,
+)
+from app.engine.run import Machine, ModelFacts, Observers, Run
+from app.engine.start_checks import AlreadyComplete, check_start, model_identity
+from app.engine.state import restore
+from app.engine.summary import Summary
+from app.engine.telemetry import RunLogger, flops_per_token
+from app.hpo import TrialAttrs, build_reporter
 
-log = logging.getLogger(__name__)
 
-
-def run_training(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+def run_training(
+    config: TrainConfig,
+    run_dir: str | Path,
+    observers: Observers | None = None,
+    task: Task | None = None,
+) -> Summary:
     """Train as configured; write summary.json; return the summary. Raises RunOutcome on
     pruning, divergence, an unrecoverable OOM or preemption (after writing the summary), and
-    ConfigError for a setting it cannot honour (before writing anything)."""
+    ConfigError for a setting it cannot honour (before writing anything). `observers`: where
+    the run reports (default: the trial's reporter, if any); `task`: the task config.task
+    names, built (default) or given (a test's recording one)."""
     started = time.perf_counter()
-    run_dir = Path(run_dir)
-    validate(cfg)
-    apply_host_malloc(cfg.training.host_malloc)  # before the data and model allocate
-    apply_expandable_segments(cfg.training.expandable_segments)  # before CUDA starts
-    device = detect_device(cfg.gpu)
+    t = config.training
+    apply_host_malloc(t.host_malloc)  # before the data and model allocate
+    apply_expandable_segments(t.expandable_segments)  # before CUDA starts
+    device = detect_device(config.gpu)
     dist = init_distributed(device.type)
-    run_dir = shared_run_dir(run_dir, dist)
+    run_dir = shared_run_dir(Path(run_dir), dist)
     try:
-        resume_from = check_start(cfg, run_dir, device.type, device.total_memory_bytes)
+        resume_from = check_start(config, run_dir, device.type, device.total_memory_bytes)
     except AlreadyComplete as done:
-        return already_complete(done, run_dir, cfg, dist)
-    preset = effective_preset(cfg.gpu, device)
-    precision = resolve_precision(cfg.precision.name, device, preset)
-    ctx = RunContext(cfg, device, preset, precision, dist, build_task(cfg.get("task")))
-    ctx.warnings = [*device.warnings, *filter(None, [tokenizer_warning(cfg)])]
+        return already_complete(done, run_dir, config, dist.is_main, lambda: shutdown(dist))
+    preset = effective_preset(config.gpu, device)
+    precision = resolve_precision(config.precision.name, device, preset)
+    warning = tokenizer_warning(config.model, config.data) if not _from_config(config) else None
+    machine = Machine(device, preset, precision, dist, [*device.warnings, *filter(None, [warning])])
     state = ckpt.load_checkpoint(resume_from) if resume_from else None  # fail before work
     apply_precision_flags(precision)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         torch.cuda.reset_peak_memory_stats(device.torch_device)
-    torch.manual_seed(cfg.training.seed)
-
-    observers = Observers(reporter=build_reporter(cfg))
-    summary: dict[str, Any] = {"status": "running", "run_dir": str(run_dir)}
+    torch.manual_seed(t.seed)
+    if observers is None:
+        observers = Observers(reporter=build_reporter(config.hpo, config))
+    summary = Summary(run_dir=str(run_dir))
     run = None
     try:
         with stop_on_signals(observers.stop):
-            run = build_run(ctx, run_dir, state, observers)
-            summary.update(describe_run(run, ctx))
-            print_banner(summary, ctx, run)
+            run = build_run(config, machine, run_dir, state, observers, task)
+            describe_run(summary, run, machine, config)
+            print_banner(summary, run, machine, config)
             run_dir_guard.disarm()  # from here on, what the run writes is its own
             train(run, summary)
-            if cfg.training.export and dist.is_main:
-                summary["export_dir"] = str(
-                    export_run(run.raw_model, ctx.task, cfg.data, run_dir)  # plain weights
-                )
-        summary["status"] = "completed"
+            if t.export and dist.is_main:
+                summary.export_dir = str(export(run, config, run_dir))
+        summary.status = Status.COMPLETED.value
     except ConfigError:
-        summary["status"] = "not_started"  # a setting: nothing ran, nothing is written
+        summary.status = Status.NOT_STARTED.value  # a setting: nothing ran, nothing is written
         raise
     except RunOutcome as exc:
-        summary.update(status=exc.status, error=str(exc))
+        summary.status, summary.error = Status(exc.status).value, str(exc)
         raise
     except BaseException as exc:
-        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        summary.status, summary.error = Status.FAILED.value, f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        finish(run, summary, started, dist, observers.reporter)
+        finish(run, summary, started, machine, observers)
     return summary
 
 
-def already_complete(done: AlreadyComplete, run_dir: Path, cfg: DictConfig, dist) -> dict:
+def _from_config(config: TrainConfig) -> bool:
+    from app.components.models.families import MODELS
+
+    return MODELS.get(config.model.arch).from_config
+
+
+def export(run: Run, config: TrainConfig, run_dir: Path) -> Path:
+    from app.engine.export import export_run
+
+    return export_run(run.raw_model, run.task, config.data, run_dir)  # plain weights
+
+
+def already_complete(
+    done: AlreadyComplete, run_dir: Path, config: TrainConfig, is_main: bool, close: Any
+) -> Summary:
     """Resuming a finished run: say so, write nothing (Hydra's rewrite of .hydra/ undone),
     return what the run left."""
     run_dir_guard.restore_after_refusal()
-    if dist.is_main:
+    if is_main:
         print(f"done       {done}", flush=True)
-    shutdown(dist)
-    found = ckpt.find_resume_checkpoint(cfg.training.resume, run_dir)
+    close()
+    found = ckpt.find_resume_checkpoint(config.training.resume, run_dir)
     saved = found.parent.parent / "summary.json" if found else None
     if saved is not None and saved.is_file():
-        return json.loads(saved.read_text())
-    return {"status": "completed", "run_dir": str(run_dir)}
+        return Summary.from_json(json.loads(saved.read_text()))
+    return Summary(status=Status.COMPLETED.value, run_dir=str(run_dir))
 
 
 def build_run(
-    ctx: RunContext, run_dir: Path, state: dict[str, Any] | None, observers: Observers
+    config: TrainConfig,
+    machine: Machine,
+    run_dir: Path,
+    state: ckpt.TrainState | None,
+    observers: Observers,
+    task: Task | None = None,
 ) -> Run:
-    cfg, device, dist = ctx.cfg, ctx.device, ctx.dist
-    data = ctx.task.load_data(cfg.data)
-    tdev = device.torch_device
-    model = ctx.task.build_model(cfg.model, data).to(tdev)
-    plan = choose_plan(ctx, model, data)
-    optimizer = build_optimizer(model, cfg.training)
-    start_step = int(state["step"]) if state is not None else 0
-    if cfg.training.micro_batch_size == "auto" and dist.is_main:
-        observers.on_plan_change = oom_listener(ctx, model)
+    task = build_task(config.task) if task is None else task
+    data = task.load_data(config.data)
+    tdev, dist = machine.torch_device, machine.dist
+    model = task.build_model(config.model, data).to(tdev)
+    setup = probe_setup(config, machine, task)
+    plan = choose_plan(setup, model, data)
+    optimizer = OPTIMIZERS.get(config.training.optimizer).create(model, config.training)
+    start_step = int(state.step) if state is not None else 0
+    if config.training.fixed_micro_batch is None and dist.is_main:
+        observers.on_plan_change = oom_listener(setup, model)
     run = Run(
-        model=wrap_ddp(maybe_compile(model, cfg.model, ctx.preset), dist, tdev),
+        model=wrap_ddp(maybe_compile(model, config.model, machine.preset), dist, tdev),
         raw_model=model,
         optimizer=optimizer,
-        scheduler=build_scheduler(optimizer, cfg.training),
+        scheduler=build_scheduler(optimizer, config.training),
         plan=plan,
-        precision=ctx.precision,
+        precision=machine.precision,
         device=tdev,
-        cfg=cfg.training,
-        steps=iter(step_loader(ctx, data, plan, start_step)),
-        val_blocks=data.val[: cfg.training.eval_samples],
+        cfg=config.training,
+        steps=iter(step_loader(config, machine, data, plan, start_step)),
+        val_blocks=data.val[: config.training.eval_samples],
         run_dir=run_dir,
-        task=ctx.task,
-        scaler=torch.amp.GradScaler(device.type) if ctx.precision.use_grad_scaler else None,
-        faults=FaultInjector(cfg.faults, dist.rank),
+        task=task,
+        scaler=torch.amp.GradScaler(tdev.type) if machine.precision.use_grad_scaler else None,
+        faults=FaultInjector(config.faults, dist.rank),
         dist=dist,
         start_step=start_step,
         observers=observers,
-        facts=model_facts(ctx, model),
+        facts=model_facts(config, machine, task, model),
     )
     if state is not None:
-        try:
-            restore(run, state)
-        except (RuntimeError, KeyError, ValueError) as exc:  # another model's checkpoint
-            raise ConfigError(
-                f"training.resume: the checkpoint does not fit this model ({_first_line(exc)}); "
-                "resume with the model it was trained with"
-            ) from None
+        resume(run, state)
     if dist.is_main:  # last: a run refused above has written nothing
-        run_dir.mkdir(parents=True, exist_ok=True)
-        nvml = device.index if device.type == "cuda" else None
-        observers.logger = RunLogger(run_dir, nvml_index=nvml, sinks=build_sinks(cfg, run_dir))
-        # Saved now, from the data the run trains on: an export needs no data later. After the
-        # trackers, the last refusal: a refused start never replaces a finished run's tokenizer.
-        run.facts.tokenizer = save_run_tokenizer(ctx.task.export_tokenizer(cfg.data), run_dir)
+        start_logging(run, config, machine)
     return run
 
 
-def model_facts(ctx: RunContext, model: torch.nn.Module) -> ModelFacts:
+def resume(run: Run, state: ckpt.TrainState) -> None:
+    try:
+        restore(run, state)
+    except (RuntimeError, KeyError, ValueError) as exc:  # another model's checkpoint
+        raise ConfigError(
+            f"training.resume: the checkpoint does not fit this model ({_two_lines(exc)}); "
+            "resume with the model it was trained with"
+        ) from None
+
+
+def _two_lines(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return " ".join(lines[:2])[:300] if lines else first_line(exc)
+
+
+def start_logging(run: Run, config: TrainConfig, machine: Machine) -> None:
+    """The run dir, its loggers and trackers, and its tokenizer: the last refusals."""
+    from app.engine.export import save_run_tokenizer
+
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    nvml = machine.device.index if machine.device.type == "cuda" else None
+    study = config.hpo.study_name if config.hpo is not None and config.hpo.study_name else None
+    sinks = build_sinks(config.tracking, run.run_dir, study)
+    run.observers.logger = RunLogger(run.run_dir, nvml_index=nvml, sinks=sinks)
+    # Saved now, from the data the run trains on: an export needs no data later. After the
+    # trackers, the last refusal: a refused start never replaces a finished run's tokenizer.
+    run.facts.tokenizer = save_run_tokenizer(run.task.export_tokenizer(config.data), run.run_dir)
+
+
+def model_facts(
+    config: TrainConfig, machine: Machine, task: Task, model: torch.nn.Module
+) -> ModelFacts:
     shape = model_shape(model)
-    seq = ctx.task.sequence_length(ctx.cfg.data)
+    seq = task.sequence_length(config.data)
     return ModelFacts(
         num_params=shape.num_params,
         flops_per_token=flops_per_token(
             shape.num_params, shape.n_layer, shape.n_head, shape.head_dim, seq
         ),
-        peak_tflops=ctx.device.peak_tflops.get(ctx.precision.name),
-        identity=model_identity(ctx.cfg),
+        peak_tflops=machine.device.peak_tflops.get(machine.precision.name),
+        identity=model_identity(config),
     )
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return " ".join(lines[:2])[:300] if lines else type(exc).__name__
-
-
-def model_identity(cfg: DictConfig) -> dict[str, Any]:
-    """The settings that shape the model, saved in each checkpoint (app/checks.py SHAPE_KEYS)."""
-    return OmegaConf.to_container(
-        OmegaConf.masked_copy(cfg, ["task", "model", "data"]), resolve=True, throw_on_missing=False
+def probe_setup(config: TrainConfig, machine: Machine, task: Task) -> ProbeSetup:
+    ab = config.training.auto_batch
+    folder = Path(ab.cache_dir) if ab.cache_dir else Path(config.data.cache_dir) / "autobatch"
+    return ProbeSetup(
+        training=config.training,
+        model=config.model,
+        faults=config.faults,
+        machine=machine,
+        task=task,
+        seq_len=task.sequence_length(config.data),
+        cache_dir=folder if ab.cache else None,
     )
 
 
-def choose_plan(ctx: RunContext, model: torch.nn.Module, data: TaskData) -> BatchPlan:
-    t, dist = ctx.cfg.training, ctx.dist
-    if t.micro_batch_size == "auto":
-        plan = auto_plan(ctx, model, data)
+def choose_plan(setup: ProbeSetup, model: torch.nn.Module, data: TaskData) -> BatchPlan:
+    t, dist = setup.training, setup.machine.dist
+    fixed = t.fixed_micro_batch
+    if fixed is None:
+        plan = auto_plan(setup, model, data)
     else:
-        plan = fixed_plan(t.effective_batch_size, t.micro_batch_size, dist.world_size, dist.rank)
-    return plan.with_eval_micro_batch(eval_micro_batch(t, plan.micro_batch_size))
+        plan = fixed_plan(t.effective_batch_size, fixed, dist.world_size, dist.rank)
+    size = eval_micro_size(t.eval_micro_batch_size, plan.micro_batch_size)
+    # Never more than the validation samples.
+    return plan.with_eval_micro_batch(None if size is None else max(1, min(size, t.eval_samples)))
 
 
-def eval_micro_batch(t: DictConfig, micro: int) -> int | None:
-    """The evaluation micro-batch (eval_micro_size), never more than the validation samples."""
-    size = eval_micro_size(t.eval_micro_batch_size, micro)
-    return None if size is None else max(1, min(size, t.eval_samples))
+def step_loader(
+    config: TrainConfig, machine: Machine, data: TaskData, plan: BatchPlan, start_step: int
+) -> Iterator[Any]:
+    from app.components.data.loader import StepDataset, make_step_loader, resolve_num_workers
 
-
-def step_loader(ctx: RunContext, data: TaskData, plan: BatchPlan, start_step: int):
-    cfg, dist, device = ctx.cfg, ctx.dist, ctx.device
-    d = cfg.data
+    d, dist = config.data, machine.dist
     dataset = StepDataset(
         data.train,
         plan.effective_batch_size,
@@ -222,165 +268,38 @@ def step_loader(ctx: RunContext, data: TaskData, plan: BatchPlan, start_step: in
         lengths=data.train_lengths if d.length_grouping else None,
         group_steps=d.group_steps,
     )
-    on_cuda = device.type == "cuda"
+    on_cuda = machine.device.type == "cuda"
     return make_step_loader(
         dataset,
         start_step,
-        cfg.training.max_steps - start_step,
-        num_workers=resolve_num_workers(d.num_workers, ctx.preset.dataloader_workers),
+        config.training.max_steps - start_step,
+        num_workers=resolve_num_workers(d.num_workers, machine.preset.dataloader_workers),
         pin_memory=on_cuda if d.pin_memory is None else bool(d.pin_memory and on_cuda),
         persistent_workers=d.persistent_workers,
         prefetch_factor=d.prefetch_factor,
     )
 
 
-def describe_run(run: Run, ctx: RunContext) -> dict[str, Any]:
-    device, precision = ctx.device, ctx.precision
-    seq_len = ctx.task.sequence_length(ctx.cfg.data)
-    return {
-        **batch_fields(run.plan),
-        "task": ctx.task.name,
-        "device": device.type,
-        "device_name": device.name,
-        "preset": device.preset,
-        "device_memory_bytes": device.total_memory_bytes,
-        "dtype": precision.name,
-        "precision_reason": precision.reason,
-        "world_size": run.dist.world_size,
-        "seq_len": seq_len,
-        # Causal LM: exact. Padded tasks: the most a step can hold (sequences are shorter).
-        "tokens_per_step": run.plan.effective_batch_size * seq_len,
-        "num_params": run.facts.num_params,
-        "flops_per_token": run.facts.flops_per_token,
-        "peak_tflops": run.facts.peak_tflops,
-        "resumed_from_step": run.start_step,
-        "warnings": ctx.warnings,
-        **ctx.task.summary_fields(),
-    }
-
-
-def batch_fields(plan: BatchPlan) -> dict[str, Any]:
-    return {
-        "micro_batch_size": plan.micro_batch_size,
-        "micro_batch_sizes": plan.micro_sizes,
-        "grad_accum_steps": plan.grad_accum_steps,
-        "effective_batch_size": plan.effective_batch_size,
-        "eval_micro_batch_size": plan.eval_micro,
-        "batch_source": plan.source,
-        "batch_details": plan.details,
-    }
-
-
-def print_banner(summary, ctx: RunContext, run: Run) -> None:
-    if not ctx.dist.is_main:
-        return
-    device, precision = ctx.device, ctx.precision
-    mem = f", {device.total_memory_bytes / 2**30:.1f} GiB" if device.total_memory_bytes else ""
-    lines = [
-        f"device     {device.type}: {device.name}{mem} (preset {device.preset})",
-        f"precision  {precision.name}: {precision.reason}",
-        f"batch      {run.plan.describe()}",
-        *([f"autobatch  {how}"] if (how := describe_choice(run.plan)) else []),
-        f"{step_line(summary, ctx.task)}, {summary['num_params']:,} parameters",
-        eval_line(run),
-        f"steps      {run.start_step} -> {run.cfg.max_steps}; run dir {run.run_dir}",
-    ]
-    lines += [f"warning    {w}" for w in ctx.warnings]
-    print("\n".join(lines), flush=True)
-    logger = run.observers.logger
-    if logger is not None:
-        logger.config(tracked_config(ctx.cfg), batch_fields(run.plan))
-        logger.text("run/plan", "\n\n".join(lines))
-        logger.log(run.start_step, plan_scalars(run.plan))
-
-
-def eval_line(run: Run) -> str:
-    t = run.cfg
-    count = evaluations_after(run.start_step, t.eval_every, t.max_steps)
-    count += int(run.start_step == 0 and t.eval_at_start)
-    return (
-        f"eval       {len(run.val_blocks):,} samples x {count} evaluations (every "
-        f"{t.eval_every} steps), micro-batch {run.plan.eval_micro}, no gradients"
-    )
-
-
-def step_line(summary: dict[str, Any], task: Task) -> str:
-    if task.unit == "target token":
-        return (
-            f"tokens     {summary['tokens_per_step']:,} per optimizer step "
-            f"(seq_len {summary['seq_len']})"
-        )
-    return (
-        f"samples    {summary['effective_batch_size']:,} per optimizer step, loss averaged "
-        f"over them (max_length {summary['seq_len']}, padded per micro-batch)"
-    )
-
-
-def closing_line(summary: dict[str, Any]) -> str:
-    def num(key: str, spec: str) -> str:
-        value = summary.get(key)
-        return "n/a" if value is None else format(value, spec)
-
-    return (
-        f"done       {summary['status']} after {summary.get('steps', '?')} steps: val loss "
-        f"{num('initial_val_loss', '.4f')} -> {num('final_val_loss', '.4f')}, "
-        f"{num('tokens_per_sec', ',.0f')} tokens/s, {num('eval_time_s', '.1f')} s evaluating, "
-        f"summary {summary['run_dir']}/summary.json"
-    )
-
-
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_dir / "summary.json", summary)
-    except OSError as exc:  # a full disk must not hide how the run ended
-        log.error("could not write %s/summary.json: %s", run_dir, exc)
-
-
-def summarize_run(run: Run, summary: dict[str, Any], dist: DistInfo) -> None:
-    summary.update(batch_fields(run.plan))
-    summary["peak_memory_bytes"] = peak_memory(run)
-    if run.device.type == "cuda" and summary.get("device_memory_bytes"):
-        summary["peak_memory_fraction"] = (
-            summary["peak_memory_bytes"] / summary["device_memory_bytes"]
-        )
-    summary["oom_count"] = run.plan.details.get("oom_count", 0)
-    facts = run.facts
-    if summary.get("tokens_per_sec") and facts.flops_per_token and facts.peak_tflops:
-        per_device = summary["tokens_per_sec"] / dist.world_size
-        summary["mfu"] = mfu(per_device, facts.flops_per_token, facts.peak_tflops)
-
-
-def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
-    if summary["status"] == "not_started":
+def finish(
+    run: Run | None, summary: Summary, started: float, machine: Machine, observers: Observers
+) -> None:
+    dist = machine.dist
+    if summary.status == Status.NOT_STARTED.value:
         shutdown(dist)
         return
     try:
         if run is not None:
-            summarize_run(run, summary, dist)
-        summary["wall_time_s"] = time.perf_counter() - started
-        if dist.is_main and summary.get("run_dir"):
-            write_summary(Path(summary["run_dir"]), summary)
+            summarize_run(run, summary)
+        summary.wall_time_s = time.perf_counter() - started
+        if dist.is_main and summary.run_dir:
+            write_summary(Path(summary.run_dir), summary)
             if run is not None:
                 print(closing_line(summary), flush=True)
     finally:
-        if run is not None and run.observers.logger is not None:
+        if observers.logger is not None:
             # Every way a run ends passes here: the trackers' runs end with its status.
-            run.observers.logger.close(summary)
-    reporter.set_attrs(
-        {
-            k: summary.get(k)
-            for k in (
-                "micro_batch_size",
-                "grad_accum_steps",
-                "effective_batch_size",
-                "peak_memory_bytes",
-                "tokens_per_sec",
-                "run_dir",
-                "status",
-            )
-        }
-    )
+            observers.logger.close(summary.to_json())
+    observers.reporter.set_attrs(trial_attrs(summary))
     del run
     if torch.cuda.is_available():
         # Tensors held only by reference cycles (an OOM's traceback frames) go back to the
@@ -389,3 +308,15 @@ def finish(run: Run | None, summary, started, dist: DistInfo, reporter) -> None:
         gc.collect()
         torch.cuda.empty_cache()
     shutdown(dist)
+
+
+def trial_attrs(summary: Summary) -> TrialAttrs:
+    return TrialAttrs(
+        micro_batch_size=summary.micro_batch_size,
+        grad_accum_steps=summary.grad_accum_steps,
+        effective_batch_size=summary.effective_batch_size,
+        peak_memory_bytes=summary.peak_memory_bytes,
+        tokens_per_sec=summary.tokens_per_sec,
+        run_dir=summary.run_dir,
+        status=summary.status,
+    )

@@ -10,14 +10,15 @@ import contextlib
 import json
 import logging
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from app.core.atomic import atomic_write_text
 from app.components.tracking.base import Sink
 from app.components.tracking.local import default_sinks
+from app.core.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class RunLogger:
         if enabled:
             self.sinks = sinks if sinks is not None else default_sinks(run_dir)
 
-    def log(self, step: int, metrics: dict[str, float | None]) -> None:
+    def log(self, step: int, metrics: Mapping[str, float | None]) -> None:
         if not self.enabled:
             return
         values = {k: float(v) for k, v in metrics.items() if v is not None}

@@ -14,9 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from app.config.schema import ConfigError, TrainConfig, validate
-from app.hpo import objectives
-from app.cli.preflight import one_line
+from app.hpo import ConfigError, check_job_config, objectives, one_line
 
 from ._errors import SweepConfigError
 from ._settings import SweepSettings
@@ -49,11 +47,10 @@ def _job_config(
         raise SweepConfigError(f"{where}: {one_line(e, config_name)}") from None
     with open_dict(cfg):
         cfg.pop("hydra", None)
-    if OmegaConf.get_type(cfg) is TrainConfig:  # a training run's config: the app's checks
-        try:
-            validate(cfg)
-        except ConfigError as e:
-            raise SweepConfigError(f"{where}: {e}") from None
+    try:
+        check_job_config(cfg)  # a training run's config: the app's own checks
+    except ConfigError as e:
+        raise SweepConfigError(f"{where}: {e}") from None
     return cfg
 
 

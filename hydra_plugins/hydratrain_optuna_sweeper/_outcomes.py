@@ -21,16 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import optuna
 from hydra.core.utils import JobReturn
 from optuna.trial import TrialState
+
+from app.hpo import Status, status_of
 
 from . import _private as private
 
 log = logging.getLogger(__name__)
-
-# Matched by class name, so a plain torch.OutOfMemoryError counts too.
-OOM_NAMES = {"TrainingOOM", "OutOfMemoryError"}
-PRUNED_NAMES = {"Pruned", "TrialPruned"}
 
 
 @dataclass
@@ -60,14 +59,16 @@ def classify(ret: JobReturn, n_objectives: int) -> Outcome:
 
 
 def from_exception(exc: BaseException) -> Outcome:
-    names = {c.__name__ for c in type(exc).__mro__}
-    if names & OOM_NAMES:
+    """The app says how its run ended (a typed status); Optuna's own TrialPruned, raised by a
+    job of another app that prunes itself, is a prune too."""
+    status = status_of(exc)
+    if status == Status.OOM:
         return Outcome(TrialState.PRUNED, attrs=error_attrs("oom", exc))
-    if names & PRUNED_NAMES:
+    if status == Status.PRUNED or isinstance(exc, optuna.TrialPruned):
         return Outcome(TrialState.PRUNED, attrs={"reason": "pruned"})
-    if "Diverged" in names:
+    if status == Status.DIVERGED:
         return Outcome(TrialState.FAIL, attrs=error_attrs("diverged", exc))
-    if "Preempted" in names:
+    if status == Status.PREEMPTED:
         signum = int(getattr(exc, "signum", 0) or signal.SIGTERM)
         return Outcome(TrialState.FAIL, attrs=error_attrs("preempted", exc), preempted_by=signum)
     log.warning("Trial failed", exc_info=(type(exc), exc, exc.__traceback__))

@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 from omegaconf import DictConfig, OmegaConf
 
-from app.config.hpo import HpoConfig
+from app.hpo import HpoConfig
 
 from ._errors import SweepConfigError, first_line
 from .config import MOTPE_REMOVED, SAMPLERS
@@ -37,11 +37,13 @@ class EvalSchedule:
 
     @classmethod
     def of(cls, cfg: Any) -> EvalSchedule | None:
-        """From a trial's composed config; None where it has no training node."""
-        t = cfg.get("training") if cfg is not None else None
-        if t is None or t.get("eval_every") is None or t.get("max_steps") is None:
+        """From a trial's config (composed, or typed by the app); None where it has no
+        training node."""
+        t = getattr(cfg, "training", None) if cfg is not None else None
+        every, last = getattr(t, "eval_every", None), getattr(t, "max_steps", None)
+        if every is None or last is None:
             return None
-        return cls(int(t.eval_every), int(t.max_steps))
+        return cls(int(every), int(last))
 
 
 SH_REDUCTION = 3  # SuccessiveHalvingPruner's own default reduction factor

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from app.config.hpo import HpoConfig
+from app.hpo import HpoConfig
 
 from ._errors import SweepConfigError, first_line
 from ._storage import StorageSpec, storage_spec

@@ -22,7 +22,7 @@ import optuna
 from omegaconf import DictConfig
 from optuna.trial import Trial, TrialState
 
-from app.core.preemption import StopRequest, stop_on_signals
+from app.hpo import StopRequest, stop_on_signals
 
 from . import _private as private
 from . import reporter

@@ -9,11 +9,12 @@ plugin scan imports this module.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Any
 
-from app.hpo import NullReporter
+from app.hpo import NullReporter, TrialAttrs
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,10 @@ class OptunaReporter:
             self._warned = True
         return None
 
-    def set_attrs(self, attrs: dict[str, Any]) -> None:
+    def set_attrs(self, attrs: TrialAttrs) -> None:
         if self._detached:
             return
-        for key, value in attrs.items():
+        for key, value in attrs.as_dict().items():
             self._call(lambda k=key, v=value: self.trial.set_user_attr(k, _jsonable(v)))
 
     def _call(self, fn: Any) -> Any:
@@ -103,7 +104,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def reporter_for_job(cfg: Any) -> Any:
-    """The reporter for this job's trial (cfg.hpo names it)."""
+    """The reporter for this job's trial (cfg.hpo names it); `cfg` is the job's typed config."""
     hpo = cfg.hpo
     storage, study_name, number = str(hpo.storage), str(hpo.study_name), int(hpo.trial_number)
     trial = _LIVE_TRIALS.get((storage, study_name, number))
@@ -111,7 +112,7 @@ def reporter_for_job(cfg: Any) -> Any:
         trial = _trial_from_storage(cfg, storage, study_name, number)
     if trial is None:
         return NullReporter()
-    metric = str(hpo.get("report_metric") or "val_loss")
+    metric = str(getattr(hpo, "report_metric", None) or "val_loss")
     return OptunaReporter(trial, metric, can_prune=len(trial.study.directions) == 1)
 
 
@@ -127,7 +128,8 @@ def _trial_from_storage(cfg: Any, storage: str, study_name: str, number: int) ->
     if storage == MEMORY:  # only the sweeper's process can reach it
         log.warning("trial %d: a study in memory takes no reports from another process", number)
         return None
-    settings = read_hpo(cfg.hpo)
+    hpo = cfg.hpo  # typed by the app, or a DictConfig of another app's
+    settings = read_hpo(dataclasses.asdict(hpo) if dataclasses.is_dataclass(hpo) else hpo)
     spec = storage_spec(storage, "hpo.storage", ".", null_is_memory=False)
     store = open_storage(spec, Masker.of([storage]))
     # The sampler is never used here (the sweeper sampled already): random keeps it cheap.

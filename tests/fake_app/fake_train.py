@@ -19,10 +19,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from app.config.hpo import HpoConfig
-from app.hpo import build_reporter, objective_value
 from app.core.outcomes import Diverged, Preempted, Pruned, TrainingOOM
-from app.core.preemption import StopRequest, stop_on_signals
+from app.hpo import HpoConfig, StopRequest, TrialAttrs, build_reporter, stop_on_signals
 
 _KEEP: list[bytearray] = []
 
@@ -50,8 +48,8 @@ def loss_at(step: int, lr: float) -> float:
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | list[float]:
     t, f = cfg.training, cfg.fake
-    reporter = build_reporter(cfg)
     hpo = cfg.get("hpo")
+    reporter = build_reporter(hpo, cfg)
     if f.crash_at_trial is not None and hpo is not None and hpo.trial_number == f.crash_at_trial:
         time.sleep(f.step_sleep)
         os._exit(9)  # like kill -9: no tell, no cleanup
@@ -82,8 +80,10 @@ def main(cfg: DictConfig) -> float | list[float]:
     Path(run_dir, "summary.json").write_text(json.dumps(summary))
     if stop.requested:
         raise Preempted(f"{stop.name}: stopped after step {step}", signum=stop.signum, step=step)
-    reporter.set_attrs({k: summary[k] for k in summary if k != "final_val_loss"})
-    return objective_value(summary, cfg.objective)
+    known = set(TrialAttrs.__dataclass_fields__)
+    reporter.set_attrs(TrialAttrs(**{k: v for k, v in summary.items() if k in known}))
+    metric = cfg.objective
+    return summary[metric] if isinstance(metric, str) else [summary[m] for m in metric]
 
 
 def _train(t, f, reporter, stop: StopRequest) -> tuple[float, int]:

@@ -23,21 +23,24 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 
-from app.core.atomic import atomic_write, atomic_write_text
+from app.components.data.columns import text_columns, wanted_columns
 from app.components.data.padded import PaddedRows, pad_rows
-from app.components.data.sources import (
+from app.components.data.rows import (
     dataset_identity,
     map_processes,
     open_rows,
     require_columns,
     text_rows,
 )
-from app.config.validation import ConfigError
+from app.core.atomic import atomic_write, atomic_write_text
+from app.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from app.components.data.config import DataConfig
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1
@@ -56,7 +59,7 @@ class LabelledData:
     tokenizer: Any  # a transformers tokenizer: the run saves it with its model
 
 
-def load_labelled(data_cfg: DictConfig, labels: list[str] | None) -> LabelledData:
+def load_labelled(data_cfg: DataConfig, labels: list[str] | None) -> LabelledData:
     """Read, split, map labels and tokenize as `data_cfg` says (cached by content)."""
     train_rows, val_rows, features = read_splits(data_cfg)
     check_columns(data_cfg, train_rows, "train")
@@ -88,7 +91,7 @@ def load_labelled(data_cfg: DictConfig, labels: list[str] | None) -> LabelledDat
 # Reading
 
 
-def read_splits(data_cfg: DictConfig) -> tuple[Any, Any, Any]:
+def read_splits(data_cfg: DataConfig) -> tuple[Any, Any, Any]:
     """(train, validation, features) as `datasets.Dataset`s."""
     import datasets
 
@@ -115,37 +118,24 @@ def read_splits(data_cfg: DictConfig) -> tuple[Any, Any, Any]:
     return train, usable_rows(data_cfg, found.val, "validation"), found.features
 
 
-def usable_rows(data_cfg: DictConfig, rows: Any, split: str) -> Any:
+def usable_rows(data_cfg: DataConfig, rows: Any, split: str) -> Any:
     """Rows read from files or a dataset, checked (columns there, texts strings), less those
     with a null text."""
     check_columns(data_cfg, rows, split)
     return text_rows(rows, text_columns(data_cfg), split)
 
 
-def hold_out(rows: Any, data_cfg: DictConfig) -> tuple[Any, Any]:
+def hold_out(rows: Any, data_cfg: DataConfig) -> tuple[Any, Any]:
     if len(rows) < 2:
         raise ConfigError(f"data: {len(rows)} labelled row(s); need at least 2 to hold out a split")
     parts = rows.train_test_split(test_size=data_cfg.val_fraction, seed=data_cfg.seed)
     return parts["train"], parts["test"]
 
 
-def check_columns(data_cfg: DictConfig, rows: Any, split: str) -> None:
+def check_columns(data_cfg: DataConfig, rows: Any, split: str) -> None:
     if len(rows) == 0:
         raise ConfigError(f"data: the {split} split is empty")
     require_columns(rows.column_names, wanted_columns(data_cfg), split)
-
-
-def wanted_columns(data_cfg: DictConfig) -> list[tuple[str, str]]:
-    """(setting, column) pairs a labelled row must have."""
-    return [*text_columns(data_cfg), ("data.label_column", data_cfg.label_column)]
-
-
-def text_columns(data_cfg: DictConfig) -> list[tuple[str, str]]:
-    """(setting, column) pairs of the texts: the text, and the second text of a pair."""
-    wanted = [("data.text_column", data_cfg.text_column)]
-    if data_cfg.text_pair_column:
-        wanted.append(("data.text_pair_column", data_cfg.text_pair_column))
-    return wanted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +143,7 @@ def text_columns(data_cfg: DictConfig) -> list[tuple[str, str]]:
 
 
 def label_names(
-    data_cfg: DictConfig, train: Any, features: Any, given: list[str] | None
+    data_cfg: DataConfig, train: Any, features: Any, given: list[str] | None
 ) -> list[str]:
     if given:
         return [str(n) for n in given]
@@ -171,7 +161,7 @@ def label_names(
     )
 
 
-def check_classes(data_cfg: DictConfig, train: Any) -> None:
+def check_classes(data_cfg: DataConfig, train: Any) -> None:
     """A single class trains to loss 0 and accuracy 1 from the first step: nothing is learned."""
     column = data_cfg.label_column
     present = {v for v in label_values(train, column) if v != UNLABELLED}
@@ -215,7 +205,7 @@ def label_ids(values: list[Any], names: list[str], split: str, column: str) -> l
 # Tokenizing
 
 
-def load_pair_tokenizer(data_cfg: DictConfig, train: Any) -> Any:
+def load_pair_tokenizer(data_cfg: DataConfig, train: Any) -> Any:
     """A transformers tokenizer that encodes single texts and pairs with [CLS]/[SEP]:
     `train` (a byte-level BPE trained on the train split and cached), `byte` (bytes only),
     or a local path / hub name (the model's own)."""
@@ -240,7 +230,7 @@ def load_pair_tokenizer(data_cfg: DictConfig, train: Any) -> Any:
     return tok
 
 
-def _cached_pair_bpe(data_cfg: DictConfig, train: Any, vocab: int) -> Any:
+def _cached_pair_bpe(data_cfg: DataConfig, train: Any, vocab: int) -> Any:
     from tokenizers import Tokenizer
 
     texts = _texts(data_cfg, train)
@@ -275,7 +265,7 @@ def _train_pair_bpe(texts: list[str], vocab: int) -> Any:
     return tok
 
 
-def _texts(data_cfg: DictConfig, rows: Any) -> list[str]:
+def _texts(data_cfg: DataConfig, rows: Any) -> list[str]:
     texts = list(rows[data_cfg.text_column])
     if data_cfg.text_pair_column:
         texts += list(rows[data_cfg.text_pair_column])
@@ -283,7 +273,7 @@ def _texts(data_cfg: DictConfig, rows: Any) -> list[str]:
 
 
 def tokenize_rows(
-    data_cfg: DictConfig, rows: Any, names: list[str], tokenizer: Any, split: str
+    data_cfg: DataConfig, rows: Any, names: list[str], tokenizer: Any, split: str
 ) -> PaddedRows:
     labels = label_ids(
         label_values(rows, data_cfg.label_column), names, split, data_cfg.label_column
@@ -328,7 +318,7 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def source_identity(data_cfg: DictConfig) -> dict[str, Any]:
+def source_identity(data_cfg: DataConfig) -> dict[str, Any]:
     """What determines the rows and their split (files by path, size and modification time)."""
     ident: dict[str, Any] = {
         "source": data_cfg.source,
@@ -344,11 +334,11 @@ def source_identity(data_cfg: DictConfig) -> dict[str, Any]:
     return ident
 
 
-def _columns(data_cfg: DictConfig) -> list[Any]:
+def _columns(data_cfg: DataConfig) -> list[Any]:
     return [data_cfg.text_column, data_cfg.text_pair_column, data_cfg.label_column]
 
 
-def _cache_key(data_cfg: DictConfig, names: list[str], tok: Any) -> str:
+def _cache_key(data_cfg: DataConfig, names: list[str], tok: Any) -> str:
     return _hash(
         {
             "version": CACHE_VERSION,

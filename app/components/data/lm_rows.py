@@ -11,20 +11,22 @@ token stream with the end-of-document token after each row; app/data/tokens.py p
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 
-from app.components.data.sources import map_processes, open_rows, require_columns, text_rows
+from app.components.data.rows import map_processes, open_rows, require_columns, text_rows
 from app.components.data.tokens import TextTokenizer, TokenStreams, load_tokenizer, split_document
-from app.config.validation import ConfigError
+from app.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from app.components.data.config import DataConfig
 
 # Rows per Dataset.map call and per batch of BPE training text.
 BATCH_ROWS = 1000
 
 
-def row_token_streams(cfg: DictConfig) -> TokenStreams:
+def row_token_streams(cfg: DataConfig) -> TokenStreams:
     train, val = text_splits(cfg)
     tok = load_tokenizer(cfg, text_batches(train, cfg.text_column))
     return TokenStreams(
@@ -34,7 +36,7 @@ def row_token_streams(cfg: DictConfig) -> TokenStreams:
     )
 
 
-def text_splits(cfg: DictConfig) -> tuple[Any, Any]:
+def text_splits(cfg: DataConfig) -> tuple[Any, Any]:
     """(train, validation) `Dataset`s, each checked to be non-empty and to have the text column."""
     rows = open_rows(cfg)
     train = check_text_rows(cfg, rows.train, "train")
@@ -43,7 +45,7 @@ def text_splits(cfg: DictConfig) -> tuple[Any, Any]:
     return train, check_text_rows(cfg, rows.val, "validation")
 
 
-def check_text_rows(cfg: DictConfig, rows: Any, split: str) -> Any:
+def check_text_rows(cfg: DataConfig, rows: Any, split: str) -> Any:
     """`rows` checked (not empty, a text column of strings), less those with a null text."""
     if len(rows) == 0:
         raise ConfigError(f"data: the {split} split is empty")
@@ -52,7 +54,7 @@ def check_text_rows(cfg: DictConfig, rows: Any, split: str) -> Any:
     return text_rows(rows, wanted, split)
 
 
-def hold_out_rows(rows: Any, cfg: DictConfig) -> tuple[Any, Any]:
+def hold_out_rows(rows: Any, cfg: DataConfig) -> tuple[Any, Any]:
     if len(rows) >= 2:
         parts = rows.train_test_split(test_size=cfg.val_fraction, seed=cfg.seed)
         return parts["train"], parts["test"]

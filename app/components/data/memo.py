@@ -8,30 +8,30 @@ key holds the resolved data config and the files' sizes and modification times.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from omegaconf import DictConfig, OmegaConf
+if TYPE_CHECKING:
+    from app.components.data.config import DataConfig
 
 T = TypeVar("T")
 _last: tuple[str, Any] | None = None
 
 
-# Sources whose rows come from files that can change between two runs of one process.
-FILE_SOURCES = ("datasets", "text_files")
-
-
-def data_key(task_name: str, data_cfg: DictConfig, extra: Any = None) -> str:
+def data_key(task_name: str, data_cfg: DataConfig, extra: Any = None) -> str:
     """The resolved data config (seed, split, source settings) and, where the rows come from
     files, their sizes and modification times."""
-    from app.components.data.sources import dataset_identity
+    from app.components.data.rows import dataset_identity
+    from app.components.data.sources import SOURCES
 
-    files = dataset_identity(data_cfg) if data_cfg.source in FILE_SOURCES else None
+    # Rows from files that can change between two runs of one process: their identities too.
+    files = dataset_identity(data_cfg) if SOURCES.get(data_cfg.source).reads_files else None
     ident = {
         "task": task_name,
-        "data": OmegaConf.to_container(data_cfg, resolve=True),
+        "data": dataclasses.asdict(data_cfg),
         "files": files,
         "extra": extra,
     }

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from app.core.atomic import atomic_write, atomic_write_text
-from app.config.schema import ConfigError, DataConfig
+from app.components.data.config import DataConfig
 from app.components.data.corpus import CORPUS_VERSION, generate_corpus
-from app.components.data.sources import dataset_identity, expand_paths, file_fingerprints
-from app.config.validation import first_line
+from app.components.data.rows import dataset_identity, expand_paths, file_fingerprints
+from app.core.atomic import atomic_write, atomic_write_text
+from app.core.errors import ConfigError, first_line
 
 # Bump when tokenization or packing changes, so old caches are not reused.
 CACHE_VERSION = 1
@@ -59,8 +58,7 @@ class TextTokenizer:
 # Public entry point
 
 
-def load_token_data(cfg: DataConfig | DictConfig) -> TokenData:
-    cfg = _as_dictconfig(cfg)
+def load_token_data(cfg: DataConfig) -> TokenData:
     if cfg.source == "synthetic":
         return _synthetic_data(cfg)
     files = expand_paths(list(cfg.paths)) if cfg.source == "text_files" else []
@@ -72,11 +70,6 @@ def load_token_data(cfg: DataConfig | DictConfig) -> TokenData:
     return data
 
 
-def _as_dictconfig(cfg: DataConfig | DictConfig) -> DictConfig:
-    # A bare dataclass would leave `${oc.env:...}` in cache_dir unresolved.
-    return cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
-
-
 @dataclass
 class TokenStreams:
     """Both splits as one token stream each, and the tokenizer that made them."""
@@ -86,7 +79,7 @@ class TokenStreams:
     tokenizer: TextTokenizer
 
 
-def _build_token_data(cfg: DictConfig, files: list[str]) -> TokenData:
+def _build_token_data(cfg: DataConfig, files: list[str]) -> TokenData:
     if cfg.source == "datasets":
         from app.components.data.lm_rows import row_token_streams
 
@@ -110,7 +103,7 @@ def _build_token_data(cfg: DictConfig, files: list[str]) -> TokenData:
     )
 
 
-def _document_token_streams(cfg: DictConfig, files: list[str]) -> TokenStreams:
+def _document_token_streams(cfg: DataConfig, files: list[str]) -> TokenStreams:
     docs = _read_documents(cfg, files)
     train_docs, val_docs = split_documents(docs, cfg.val_fraction, cfg.seed, cfg.seq_len)
     tok = load_tokenizer(cfg, train_docs, files)
@@ -125,7 +118,7 @@ def _document_token_streams(cfg: DictConfig, files: list[str]) -> TokenStreams:
 # Documents
 
 
-def _read_documents(cfg: DictConfig, files: list[str]) -> list[str]:
+def _read_documents(cfg: DataConfig, files: list[str]) -> list[str]:
     if cfg.source == "builtin":
         return generate_corpus(cfg.builtin_num_docs, cfg.seed)
     docs: list[str] = []
@@ -185,13 +178,12 @@ def split_document(text: str, val_fraction: float, seq_len: int) -> tuple[str, s
 
 
 def load_tokenizer(
-    cfg: DataConfig | DictConfig,
+    cfg: DataConfig,
     train_docs: Iterable[str] | Iterable[list[str]] | None = None,
     files: list[str] | None = None,
 ) -> TextTokenizer:
     """`train_docs` is the BPE training text (tokenizer=train): documents, or batches of them;
     `files` goes into its cache key."""
-    cfg = _as_dictconfig(cfg)
     if cfg.tokenizer == "byte":
         return _byte_tokenizer()
     if cfg.tokenizer == "train":
@@ -211,7 +203,7 @@ def _byte_tokenizer() -> TextTokenizer:
 
 
 def _trained_bpe(
-    cfg: DictConfig, train_docs: Iterable[str] | Iterable[list[str]], files: list[str]
+    cfg: DataConfig, train_docs: Iterable[str] | Iterable[list[str]], files: list[str]
 ) -> TextTokenizer:
     if cfg.tokenizer_vocab_size < 257:
         raise ConfigError(
@@ -232,7 +224,7 @@ def _trained_bpe(
 
 
 def bpe_tokenizer(
-    cfg: DictConfig, train_docs: Iterable[str] | Iterable[list[str]], files: list[str]
+    cfg: DataConfig, train_docs: Iterable[str] | Iterable[list[str]], files: list[str]
 ) -> Any:
     """The BPE trained on this data's train split: from the cache, else trained and cached."""
     from tokenizers import Tokenizer
@@ -264,16 +256,15 @@ def _train_bpe(texts: Iterable[str] | Iterable[list[str]], vocab_size: int) -> A
     return tok
 
 
-def _bpe_path(cfg: DictConfig, files: list[str]) -> Path:
+def _bpe_path(cfg: DataConfig, files: list[str]) -> Path:
     return Path(cfg.cache_dir) / f"bpe-{_bpe_cache_key(cfg, files)}.json"
 
 
-def transformers_tokenizer(cfg: DataConfig | DictConfig) -> Any | None:
+def transformers_tokenizer(cfg: DataConfig) -> Any | None:
     """This data's tokenizer as a transformers tokenizer (what an export saves); None for
     synthetic ids of a BPE that has no text to be trained on."""
     from app.components.data.hf_tokenizer import byte_tokenizer, causal_lm_tokenizer
 
-    cfg = _as_dictconfig(cfg)
     if cfg.tokenizer == "byte":
         return byte_tokenizer()
     if cfg.tokenizer != "train":
@@ -287,7 +278,7 @@ def transformers_tokenizer(cfg: DataConfig | DictConfig) -> Any | None:
     return causal_lm_tokenizer(bpe_tokenizer(cfg, docs, files), BPE_EOS)
 
 
-def _bpe_training_text(cfg: DictConfig, files: list[str]) -> Iterable[str] | Iterable[list[str]]:
+def _bpe_training_text(cfg: DataConfig, files: list[str]) -> Iterable[str] | Iterable[list[str]]:
     if cfg.source == "datasets":
         from app.components.data.lm_rows import text_batches, text_splits
 
@@ -346,7 +337,7 @@ def pack_blocks(ids: torch.Tensor, seq_len: int) -> torch.Tensor:
 # Synthetic data: uniform random tokens, nothing to learn
 
 
-def _synthetic_data(cfg: DictConfig) -> TokenData:
+def _synthetic_data(cfg: DataConfig) -> TokenData:
     vocab, pad_id, name = _synthetic_vocab(cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
     ids = torch.randint(vocab, (cfg.synthetic_num_tokens,), generator=gen, dtype=torch.int64)
@@ -366,7 +357,7 @@ def _synthetic_data(cfg: DictConfig) -> TokenData:
     )
 
 
-def _synthetic_vocab(cfg: DictConfig) -> tuple[int, int | None, str]:
+def _synthetic_vocab(cfg: DataConfig) -> tuple[int, int | None, str]:
     if cfg.tokenizer == "byte":
         return 256, None, "byte"
     if cfg.tokenizer == "train":
@@ -384,7 +375,7 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _text_identity(cfg: DictConfig, files: list[str]) -> dict[str, Any]:
+def _text_identity(cfg: DataConfig, files: list[str]) -> dict[str, Any]:
     """What determines the documents and their train/val split."""
     ident: dict[str, Any] = {
         "source": cfg.source,
@@ -400,12 +391,12 @@ def _text_identity(cfg: DictConfig, files: list[str]) -> dict[str, Any]:
     return ident
 
 
-def _bpe_cache_key(cfg: DictConfig, files: list[str]) -> str:
+def _bpe_cache_key(cfg: DataConfig, files: list[str]) -> str:
     # Trained on the train split only, so the split settings are part of the key.
     return _hash({"text": _text_identity(cfg, files), "vocab": cfg.tokenizer_vocab_size})
 
 
-def _tokenizer_identity(cfg: DictConfig) -> Any:
+def _tokenizer_identity(cfg: DataConfig) -> Any:
     if cfg.tokenizer == "byte":
         return "byte"
     if cfg.tokenizer == "train":
@@ -416,7 +407,7 @@ def _tokenizer_identity(cfg: DictConfig) -> Any:
     return cfg.tokenizer  # a hub name: assume a given name keeps its tokenizer
 
 
-def _token_cache_key(cfg: DictConfig, files: list[str]) -> str:
+def _token_cache_key(cfg: DataConfig, files: list[str]) -> str:
     return _hash(
         {
             "version": CACHE_VERSION,

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from app.config.schema import ConfigError, GpuConfig
+from app.components.hardware.config import GpuConfig
+from app.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 PRESET_DIR = Path(__file__).resolve().parents[3] / "conf" / "gpu"
@@ -44,14 +45,18 @@ class DeviceInfo:
         return major + minor / 10
 
 
+def load_preset(path: Path) -> GpuConfig:
+    """One preset file of conf/gpu, typed by the schema."""
+    node = OmegaConf.merge(OmegaConf.structured(GpuConfig), OmegaConf.load(path))
+    preset = OmegaConf.to_object(node)
+    assert isinstance(preset, GpuConfig)
+    return preset
+
+
 def load_presets() -> dict[str, GpuConfig]:
-    """Every CUDA preset in conf/gpu, typed by the schema."""
-    presets = {}
-    for path in sorted(PRESET_DIR.glob("*.yaml")):
-        node = OmegaConf.merge(OmegaConf.structured(GpuConfig), OmegaConf.load(path))
-        if node.device_type == "cuda":
-            presets[node.name] = node
-    return presets
+    """Every CUDA preset in conf/gpu: adding a card is adding a file there."""
+    presets = [load_preset(path) for path in sorted(PRESET_DIR.glob("*.yaml"))]
+    return {p.name: p for p in presets if p.device_type == "cuda"}
 
 
 def match_preset(device_name: str, presets: dict[str, GpuConfig]) -> GpuConfig | None:
@@ -82,7 +87,7 @@ def _local_cuda_index() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def detect_device(gpu: DictConfig | GpuConfig) -> DeviceInfo:
+def detect_device(gpu: GpuConfig) -> DeviceInfo:
     """Resolve `gpu=...` against the machine; raise ConfigError for a preset that cannot apply."""
     wants = gpu.device_type
     if wants == "cpu" or (wants == "auto" and not torch.cuda.is_available()):
@@ -95,7 +100,7 @@ def detect_device(gpu: DictConfig | GpuConfig) -> DeviceInfo:
     return _detect_cuda(gpu)
 
 
-def _detect_cuda(gpu: DictConfig | GpuConfig) -> DeviceInfo:
+def _detect_cuda(gpu: GpuConfig) -> DeviceInfo:
     index = _local_cuda_index()
     torch.cuda.set_device(index)
     nvml = _nvml_name_and_memory(index)
@@ -128,22 +133,17 @@ def _detect_cuda(gpu: DictConfig | GpuConfig) -> DeviceInfo:
     return info
 
 
-def effective_preset(gpu: DictConfig, device: DeviceInfo) -> DictConfig:
+def effective_preset(gpu: GpuConfig, device: DeviceInfo) -> GpuConfig:
     """The settings that apply to this device: the named preset, or the detected one for auto."""
     if gpu.device_type != "auto" or device.type == "cpu":
         if device.type == "cpu" and gpu.device_type == "auto":
-            return OmegaConf.merge(
-                OmegaConf.structured(GpuConfig), OmegaConf.load(PRESET_DIR / "cpu.yaml")
-            )
+            return load_preset(PRESET_DIR / "cpu.yaml")
         return gpu
     presets = load_presets()
     if device.preset in presets:
         return presets[device.preset]
-    generic = OmegaConf.structured(GpuConfig(name="generic-cuda"))
     cc = device.capability or 0.0
-    generic.bf16 = generic.tf32 = cc >= 8.0
-    generic.compute_capability = cc
-    return generic
+    return GpuConfig(name="generic-cuda", bf16=cc >= 8.0, tf32=cc >= 8.0, compute_capability=cc)
 
 
 def _cpu_name() -> str:

@@ -20,7 +20,7 @@ import logging
 import platform
 import sys
 
-from app.config.schema import HOST_MALLOC_POLICIES
+HOST_MALLOC_POLICIES = ("retain", "default")  # training.host_malloc
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,10 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
 
-from app.config.schema import ConfigError
+from app.components.hardware.config import GpuConfig
 from app.components.hardware.devices import DeviceInfo
+from app.core.errors import ConfigError
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -23,7 +23,7 @@ class PrecisionPlan:
     reason: str
 
 
-def resolve_precision(requested: str, device: DeviceInfo, preset: DictConfig) -> PrecisionPlan:
+def resolve_precision(requested: str, device: DeviceInfo, preset: GpuConfig) -> PrecisionPlan:
     if device.type == "cpu":
         return _resolve_cpu(requested)
     cc = device.capability or 0.0

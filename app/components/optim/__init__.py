@@ -1,1 +1,118 @@
-"""Optimizers and the learning-rate schedule."""
+"""Optimizers, one module each, found by name (`training.optimizer`).
+
+An optimizer module registers an `Optimizer`: how to build it, the bytes of state it keeps per
+parameter (the memory preflight counts them, the micro-batch cache keys on them) and its own
+settings (`training.optimizer_args`, checked against its `Args`). Every optimizer decays
+matrices only: biases and norm gains (1-D) are not decayed, shrinking them towards zero only
+hurts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from app.core.errors import ConfigError
+from app.core.fields import check_fields
+from app.core.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+
+
+class OptimizerSettings(Protocol):
+    """What an optimizer reads of `training.*` (TrainingConfig has these fields)."""
+
+    optimizer: str
+    optimizer_args: Any
+    lr: float
+    betas: list[float]
+    eps: float
+    weight_decay: float
+    fused_adamw: bool | None
+
+
+@dataclass
+class NoArgs:
+    """An optimizer with no settings of its own beyond training.*."""
+
+
+Build = Callable[[list[dict[str, Any]], OptimizerSettings, Any], "torch.optim.Optimizer"]
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    name: str  # training.optimizer=NAME
+    label: str  # as a message names it: "AdamW"
+    build: Build  # (parameter groups, training settings, its Args) -> torch optimizer
+    # fp32 optimizer state per parameter, at most (AdamW's two moments: 8)
+    state_bytes_per_param: float
+    args: type = NoArgs  # its settings: training.optimizer_args
+    uses_betas: bool = False  # reads training.betas (two moving averages)
+    # What besides the name changes its memory per step (the micro-batch cache keys on it)
+    memory_identity: Callable[[OptimizerSettings], list[Any]] = lambda t: []
+
+    def check(self, training: OptimizerSettings) -> None:
+        """The settings this optimizer reads, before any work."""
+        self.parse_args(training.optimizer_args)
+        check_decoupled_decay(training)
+        if self.uses_betas:
+            check_betas(training)
+
+    def parse_args(self, given: Any) -> Any:
+        """training.optimizer_args as this optimizer's Args (unknown fields refused)."""
+        if given is None:
+            given = {}
+        if not isinstance(given, Mapping):
+            raise ConfigError(f"training.optimizer_args={given!r} must be a mapping of key: value")
+        known = {f.name for f in dataclasses.fields(self.args)}
+        for key in given:
+            if key not in known:
+                allowed = ", ".join(sorted(known)) or "none"
+                raise ConfigError(
+                    f"training.optimizer_args.{key}: no such setting of training.optimizer="
+                    f"{self.name}; known: {allowed}"
+                )
+        args = self.args(**given)
+        check_fields(args, "training.optimizer_args")
+        return args
+
+    def create(self, model: torch.nn.Module, training: OptimizerSettings) -> torch.optim.Optimizer:
+        groups = param_groups(model, training.weight_decay)
+        return self.build(groups, training, self.parse_args(training.optimizer_args))
+
+    def cache_identity(self, training: OptimizerSettings) -> list[Any]:
+        return [self.name, *self.memory_identity(training)]
+
+
+OPTIMIZERS: Registry[Optimizer] = Registry(__name__, "training.optimizer")
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Matrices decayed, vectors (biases, norm gains) not."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in trainable if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def check_decoupled_decay(t: OptimizerSettings) -> None:
+    # Decoupled decay multiplies every weight by (1 - lr * weight_decay) per step.
+    if t.lr * t.weight_decay >= 1.0:
+        raise ConfigError(
+            f"training.weight_decay={t.weight_decay} with training.lr={t.lr} shrinks every weight "
+            f"by lr*weight_decay={t.lr * t.weight_decay:g} per step; allowed: lr*weight_decay < 1"
+        )
+
+
+def check_betas(t: OptimizerSettings) -> None:
+    betas = list(t.betas)
+    if len(betas) != 2 or not all(_is_number(b) and 0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"training.betas={betas} must be two numbers in [0, 1)")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)

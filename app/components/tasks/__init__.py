@@ -1,19 +1,18 @@
-"""Tasks: the one place a task's name is turned into its implementation (see base.py)."""
+"""Tasks (`task.name`), one module each behind one interface (base.py): causal LM, sequence
+classification."""
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING
 
-from app.components.tasks.base import Metric, Task, TaskData
-from app.components.tasks.causal_lm import CausalLM
-from app.components.tasks.classification import SequenceClassification
+from app.core.registry import Registry
 
-TASKS: dict[str, type] = {"causal_lm": CausalLM, "classification": SequenceClassification}
+if TYPE_CHECKING:
+    from app.components.tasks.base import Task
+    from app.components.tasks.config import TaskConfig
 
-__all__ = ["TASKS", "Metric", "Task", "TaskData", "build_task"]
+TASKS: Registry[type[Task]] = Registry(__name__, "task.name")
 
 
-def build_task(task_cfg: DictConfig | None) -> Task:
-    """The task a config names (causal LM when it names none: configs older than tasks)."""
-    name = "causal_lm" if task_cfg is None else task_cfg.name
-    return TASKS[name](task_cfg)
+def build_task(cfg: TaskConfig) -> Task:
+    return TASKS.get(cfg.name)(cfg)

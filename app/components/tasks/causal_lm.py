@@ -7,71 +7,101 @@ the target tokens of the whole step.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
-from omegaconf import DictConfig
+from app.components.tasks import TASKS
+from app.components.tasks.base import Metric, Task, TaskData
+from app.core.errors import ConfigError
 
-from app.components.tasks.base import Metric, TaskData
+if TYPE_CHECKING:
+    import torch
+
+    from app.components.data.config import DataConfig
+    from app.components.models.config import ModelConfig
+    from app.components.tasks.config import TaskConfig
 
 IGNORE = -100
 
 
-class CausalLM:
+@TASKS.add
+class CausalLM(Task):
     name = "causal_lm"
     unit = "target token"
     metrics = (Metric("loss", "minimize"),)
+    sequence_setting = "seq_len"
+    model_noun = "a causal LM"
+    byte_vocab = 256
+    builtin_corpus = "corpus"
 
-    def __init__(self, cfg: DictConfig | None = None) -> None:
-        self.cfg = cfg  # the task node: nothing causal LM needs beyond the data and model
-        # (data config as YAML, its tokenizer): a run asks at its start (saved in the run dir)
-        # and at its end (the export); loading or training it again would be the same work.
+    def __init__(self, cfg: TaskConfig | None = None) -> None:
+        super().__init__(cfg)  # nothing causal LM needs beyond the data and model
+        # (data config, its tokenizer): a run asks at its start (saved in the run dir) and at
+        # its end (the export); loading or training it again would be the same work.
         self._tokenizer: tuple[str, Any] | None = None
 
-    def load_data(self, data_cfg: DictConfig) -> TaskData:
+    # -- facts ----------------------------------------------------------------------------------
+
+    def row_columns(self, data: DataConfig) -> list[tuple[str, str]]:
+        return [("data.text_column", data.text_column)]
+
+    def check_vocab(self, model: ModelConfig, data: DataConfig) -> None:
+        if data.tokenizer == "byte" and model.arch != "pretrained":
+            vocab = model.vocab_size
+            if vocab is not None and vocab < self.byte_vocab:
+                raise ConfigError(
+                    f"model.vocab_size={vocab} is smaller than the byte tokenizer's 256 symbols; "
+                    "use model.vocab_size>=256 or null"
+                )
+
+    def step_line(self, effective_batch: int, seq_len: int) -> str:
+        return f"tokens     {effective_batch * seq_len:,} per optimizer step (seq_len {seq_len})"
+
+    # -- data and model -------------------------------------------------------------------------
+
+    def load_data(self, data: DataConfig) -> TaskData:
         from app.components.data.memo import data_key, remembered
 
-        return remembered(data_key(self.name, data_cfg), lambda: self._load(data_cfg))
+        return remembered(data_key(self.name, data), lambda: self._load(data))
 
-    def _load(self, data_cfg: DictConfig) -> TaskData:
+    def _load(self, data: DataConfig) -> TaskData:
         from app.components.data.tokens import load_token_data
 
-        data = load_token_data(data_cfg)
+        tokens = load_token_data(data)
         return TaskData(
-            train=data.train,
-            val=data.val,
-            vocab_size=data.vocab_size,
-            tokenizer_name=data.tokenizer_name,
-            pad_id=data.pad_id,
+            train=tokens.train,
+            val=tokens.val,
+            vocab_size=tokens.vocab_size,
+            tokenizer_name=tokens.tokenizer_name,
+            pad_id=tokens.pad_id,
         )
 
-    def model_data(self, data_cfg: DictConfig, tokenizer: Any | None = None) -> TaskData:
-        tok = self.export_tokenizer(data_cfg) if tokenizer is None else tokenizer
+    def model_data(self, data: DataConfig, tokenizer: Any | None = None) -> TaskData:
+        import torch
+
+        tok = self.export_tokenizer(data) if tokenizer is None else tokenizer
         # Synthetic ids without a tokenizer: the configured size is the vocabulary.
-        vocab = data_cfg.tokenizer_vocab_size if tok is None else len(tok)
-        empty = torch.empty(0, data_cfg.seq_len + 1, dtype=torch.int64)
-        return TaskData(empty, empty, vocab, str(data_cfg.tokenizer), info={"tokenizer": tok})
+        vocab = data.tokenizer_vocab_size if tok is None else len(tok)
+        empty = torch.empty(0, data.seq_len + 1, dtype=torch.int64)
+        return TaskData(empty, empty, vocab, str(data.tokenizer), info={"tokenizer": tok})
 
-    def export_tokenizer(self, data_cfg: DictConfig) -> Any | None:
-        from omegaconf import OmegaConf
-
+    def export_tokenizer(self, data: DataConfig) -> Any | None:
         from app.components.data.tokens import transformers_tokenizer
 
-        key = OmegaConf.to_yaml(data_cfg)
+        key = json.dumps(dataclasses.asdict(data), sort_keys=True, default=str)
         if self._tokenizer is None or self._tokenizer[0] != key:
-            self._tokenizer = (key, transformers_tokenizer(data_cfg))
+            self._tokenizer = (key, transformers_tokenizer(data))
         return self._tokenizer[1]
 
-    def sequence_length(self, data_cfg: DictConfig) -> int:
-        return data_cfg.seq_len
+    def load_pretrained(self, model: ModelConfig, data: TaskData) -> torch.nn.Module:
+        from app.components.models.causal_lm import load_pretrained_lm
 
-    def build_model(self, model_cfg: DictConfig, data: TaskData) -> torch.nn.Module:
-        from app.components.models.build import build_model
+        return load_pretrained_lm(model, data.vocab_size)
 
-        return build_model(model_cfg, data.vocab_size)
+    # -- steps ----------------------------------------------------------------------------------
 
     def inputs_and_targets(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = blocks[:, :-1], blocks[:, 1:]
@@ -94,6 +124,8 @@ class CausalLM:
     def loss_sum(
         self, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor:
+        import torch.nn.functional as F
+
         logits = model(input_ids=inputs).logits
         return F.cross_entropy(
             logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
@@ -102,6 +134,8 @@ class CausalLM:
     def eval_sums(
         self, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor:
+        import torch
+
         loss = self.loss_sum(model, inputs, targets).double()
         return torch.stack([loss, (targets != IGNORE).sum().double()])
 
@@ -109,9 +143,8 @@ class CausalLM:
         loss = totals[0] / max(totals[1], 1.0)
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
-    def summary_fields(self) -> dict[str, Any]:
-        return {}
-
     def worst_case(self, blocks: torch.Tensor, n: int) -> torch.Tensor:
+        import torch
+
         # Packed blocks are all full length: any n of them (repeated if there are fewer).
         return blocks[torch.arange(n) % len(blocks)]

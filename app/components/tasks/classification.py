@@ -1,40 +1,64 @@
 """Sequence classification of single texts or text pairs (NLI: premise/hypothesis -> label).
 
-Samples are padded rows (app/data/padded.py). A step's samples are split into micro-batches by
-length (longest first), each padded only to its own longest row rounded up to a multiple of 8.
-The loss of an optimizer step is the mean cross-entropy over the step's *samples* whatever the
-split, with optional label smoothing in training; evaluation reports the plain cross-entropy,
-accuracy and macro-F1.
+Samples are padded rows (app/components/data/padded.py). A step's samples are split into
+micro-batches by length (longest first), each padded only to its own longest row rounded up to
+a multiple of 8. The loss of an optimizer step is the mean cross-entropy over the step's
+*samples* whatever the split, with optional label smoothing in training; evaluation reports the
+plain cross-entropy, accuracy and macro-F1.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
-from omegaconf import DictConfig
+from app.components.data.columns import wanted_columns
+from app.components.data.nli_corpus import COLUMNS as NLI_COLUMNS
+from app.components.tasks import TASKS
+from app.components.tasks.base import Metric, Task, TaskData
 
-from app.components.data.padded import PaddedRows, PairInputs
-from app.components.tasks.base import Metric, TaskData
+if TYPE_CHECKING:
+    import torch
+
+    from app.components.data.config import DataConfig
+    from app.components.data.padded import PaddedRows, PairInputs
+    from app.components.models.config import ModelConfig
+    from app.components.tasks.config import TaskConfig
 
 
-class SequenceClassification:
+@TASKS.add
+class SequenceClassification(Task):
     name = "classification"
     unit = "sample"
     metrics = (Metric("loss", "minimize"), Metric("accuracy", "maximize"), Metric("f1", "maximize"))
+    sequence_setting = "max_length"
+    model_noun = "a classifier"
+    byte_vocab = 259  # 256 bytes + [PAD], [CLS] and [SEP] (app/components/data/labelled.py)
+    builtin_corpus = "NLI corpus"
+    builtin_columns = NLI_COLUMNS  # app/components/data/nli_corpus.py
 
-    def __init__(self, cfg: DictConfig | None = None) -> None:
+    def __init__(self, cfg: TaskConfig | None = None) -> None:
+        super().__init__(cfg)
         self.label_smoothing = float(cfg.label_smoothing) if cfg is not None else 0.0
         self.given_labels = list(cfg.labels) if cfg is not None and cfg.labels else None
         self.label_names: list[str] = []  # known once the data is loaded
         self.tokenizer: Any = None  # likewise
 
+    # -- facts ----------------------------------------------------------------------------------
+
+    def row_columns(self, data: DataConfig) -> list[tuple[str, str]]:
+        return wanted_columns(data)
+
+    def step_line(self, effective_batch: int, seq_len: int) -> str:
+        return (
+            f"samples    {effective_batch:,} per optimizer step, loss averaged over them "
+            f"(max_length {seq_len}, padded per micro-batch)"
+        )
+
     # -- data and model ---------------------------------------------------------------------
 
-    def load_data(self, data_cfg: DictConfig) -> TaskData:
+    def load_data(self, data_cfg: DataConfig) -> TaskData:
         from app.components.data.memo import data_key, remembered
 
         key = data_key(self.name, data_cfg, self.given_labels)
@@ -42,7 +66,7 @@ class SequenceClassification:
         self.label_names, self.tokenizer = list(data.info["labels"]), data.info["tokenizer"]
         return data
 
-    def _load(self, data_cfg: DictConfig) -> TaskData:
+    def _load(self, data_cfg: DataConfig) -> TaskData:
         from app.components.data.labelled import load_labelled
 
         data = load_labelled(data_cfg, self.given_labels)
@@ -56,7 +80,7 @@ class SequenceClassification:
             info={"labels": data.label_names, "tokenizer": data.tokenizer},
         )
 
-    def model_data(self, data_cfg: DictConfig, tokenizer: Any | None = None) -> TaskData:
+    def model_data(self, data_cfg: DataConfig, tokenizer: Any | None = None) -> TaskData:
         data = self.load_data(data_cfg)  # the labels come from the data (cached by content)
         if tokenizer is None:
             return data
@@ -68,18 +92,15 @@ class SequenceClassification:
             info={**data.info, "tokenizer": tokenizer},
         )
 
-    def export_tokenizer(self, data_cfg: DictConfig) -> Any:
+    def export_tokenizer(self, data_cfg: DataConfig) -> Any:
         if self.tokenizer is None:
             self.load_data(data_cfg)
         return self.tokenizer
 
-    def sequence_length(self, data_cfg: DictConfig) -> int:
-        return data_cfg.max_length
+    def load_pretrained(self, model: ModelConfig, data: TaskData) -> torch.nn.Module:
+        from app.components.models.classifiers import load_pretrained_classifier
 
-    def build_model(self, model_cfg: DictConfig, data: TaskData) -> torch.nn.Module:
-        from app.components.models.classifiers import build_classifier
-
-        return build_classifier(model_cfg, data.vocab_size, data.info["labels"], data.pad_id)
+        return load_pretrained_classifier(model, data)
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -95,6 +116,10 @@ class SequenceClassification:
     def micro_batches(
         self, inputs: PairInputs, targets: torch.Tensor, sizes: Sequence[int]
     ) -> Iterator[tuple[PairInputs, torch.Tensor]]:
+        import torch
+
+        from app.components.data.padded import PairInputs
+
         # Longest first, so each micro-batch holds rows of similar length; stable, so the split
         # is a pure function of the step's samples.
         order = torch.sort(inputs.lengths, descending=True, stable=True).indices
@@ -112,6 +137,8 @@ class SequenceClassification:
     def loss_sum(
         self, model: torch.nn.Module, inputs: PairInputs, targets: torch.Tensor
     ) -> torch.Tensor:
+        import torch.nn.functional as F
+
         # Training only: evaluation (eval_sums) reports the plain cross-entropy.
         return F.cross_entropy(
             self.logits(model, inputs),
@@ -126,6 +153,9 @@ class SequenceClassification:
         self, model: torch.nn.Module, inputs: PairInputs, targets: torch.Tensor
     ) -> torch.Tensor:
         """[loss sum, samples, correct, true positives (C), predicted (C), actual (C)]."""
+        import torch
+        import torch.nn.functional as F
+
         logits = self.logits(model, inputs)
         loss = F.cross_entropy(logits, targets, reduction="sum").double()
         predicted = logits.argmax(dim=-1)
@@ -148,6 +178,10 @@ class SequenceClassification:
         return {"labels": self.label_names, "label_smoothing": self.label_smoothing}
 
     def worst_case(self, rows: PaddedRows, n: int) -> PaddedRows:
+        import torch
+
+        from app.components.data.padded import PaddedRows
+
         # Memory grows with the padded width: n rows as long as max_length allows.
         picked = rows[torch.arange(n) % len(rows)]
         full = torch.full_like(picked.lengths, rows.max_length)

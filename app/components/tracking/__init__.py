@@ -1,26 +1,41 @@
-"""Where a run's records go: TensorBoard and metrics.jsonl always, W&B and MLflow when asked.
+"""Where a run's records go: TensorBoard and metrics.jsonl always, trackers when asked.
 
-`build_sinks` turns the `tracking` config node into sinks (app/tracking/base.py) that RunLogger
-fans out to, on the main rank only. The trackers' libraries are optional extras: one asked for
-and not installed is a ConfigError from `check_trackers`, before any work.
+A tracker (W&B, MLflow) is a module of this package that registers a `Tracker` and declares its
+config node under `tracking` (app/components/tracking/config.py). `build_sinks` turns the
+`tracking` config into sinks (app/components/tracking/base.py) that RunLogger fans out to, on the
+main rank only. The trackers' libraries are optional extras: one asked for and not installed is
+a ConfigError from `check_trackers`, before any work.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from app.core.redact import mask_url_passwords
 from app.components.tracking.base import Sink
-from app.components.tracking.local import default_sinks
-from app.config.validation import ConfigError, first_line
+from app.core.errors import ConfigError, first_line
+from app.core.redact import mask_url_passwords
+from app.core.registry import Registry
 
-# setting -> (module to import, pip extra)
-TRACKERS = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
+if TYPE_CHECKING:
+    from app.components.tracking.config import TrackingConfig
+
+
+@dataclass(frozen=True)
+class Tracker:
+    name: str  # its node: tracking.<name>
+    module: str  # the library it needs
+    extra: str  # the pip extra that installs that library
+    start: Callable[[Any, Path, str, str | None], Sink]  # (its config, run dir, name, study)
+    check: Callable[[Any], None] | None = None  # what its library can refuse before a run
+
+
+TRACKERS: Registry[Tracker] = Registry(__name__, "tracking")
 
 
 def installed(module: str) -> bool:
@@ -29,72 +44,55 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def check_trackers(cfg: DictConfig) -> None:
+def enabled(tracking: TrackingConfig) -> list[tuple[Tracker, Any]]:
+    """The trackers asked for, each with its config node."""
+    nodes = [(t, getattr(tracking, t.name)) for t in TRACKERS.all()]
+    return [(t, node) for t, node in nodes if node.enabled]
+
+
+def check_trackers(tracking: TrackingConfig) -> None:
     """A tracker asked for whose library is missing: one line naming the setting and the extra."""
-    tracking = cfg.get("tracking")
-    for key, (module, extra) in TRACKERS.items():
-        if tracking is not None and tracking[key].enabled and not installed(module):
+    for tracker, node in enabled(tracking):
+        if not installed(tracker.module):
+            key, module, extra = tracker.name, tracker.module, tracker.extra
             raise ConfigError(
                 f"tracking.{key}.enabled=true needs the {module} package, which is not installed; "
                 f'pip install "hydratrain[{extra}]" (in a checkout: pip install -e ".[{extra}]"), '
                 f"or tracking.{key}.enabled=false"
             )
-    if tracking is not None and tracking.mlflow.enabled and tracking.mlflow.artifact_location:
-        from app.components.tracking.mlflow_sink import check_artifact_location
-
-        location = str(tracking.mlflow.artifact_location)
-        if (why := check_artifact_location(location)) is not None:
-            raise ConfigError(f"tracking.mlflow.artifact_location={location!r}: {why}")
+        if tracker.check is not None:
+            tracker.check(node)
 
 
-def build_sinks(cfg: DictConfig, run_dir: Path) -> list[Sink]:
+def build_sinks(tracking: TrackingConfig, run_dir: Path, study: str | None) -> list[Sink]:
     """TensorBoard and metrics.jsonl, then each tracker enabled. A tracker that cannot start (a
     tracking URI MLflow refuses, W&B online without a login) is a ConfigError naming it."""
+    from app.components.tracking.local import default_sinks
+
     sinks = default_sinks(run_dir)
-    tracking = cfg.get("tracking")
     name = "/".join(run_dir.parts[-2:])
-    for key, start in (("wandb", _wandb), ("mlflow", _mlflow)):
-        if tracking is None or not tracking[key].enabled:
-            continue
+    for tracker, node in enabled(tracking):
         try:
-            sinks.append(start(cfg, run_dir, name))
+            sinks.append(tracker.start(node, run_dir, name, study))
         except Exception as exc:
             for sink in sinks:
                 sink.close(None)
-            raise ConfigError(f"tracking.{key}: could not start: {first_line(exc)}") from exc
+            raise ConfigError(
+                f"tracking.{tracker.name}: could not start: {first_line(exc)}"
+            ) from exc
     return sinks
 
 
-def _wandb(cfg: DictConfig, run_dir: Path, name: str) -> Sink:
-    from app.components.tracking.wandb_sink import WandbSink
-
-    return WandbSink(cfg.tracking.wandb, run_dir, name, study_name(cfg))
-
-
-def _mlflow(cfg: DictConfig, run_dir: Path, name: str) -> Sink:
-    from app.components.tracking.mlflow_sink import MlflowSink
-
-    return MlflowSink(cfg.tracking.mlflow, name, {"run_dir": str(run_dir)})
-
-
-def study_name(cfg: DictConfig) -> str | None:
-    hpo = cfg.get("hpo")
-    return str(hpo.study_name) if hpo is not None and hpo.get("study_name") else None
-
-
-def tracked_config(cfg: DictConfig) -> dict[str, Any]:
+def tracked_config(config: Any) -> dict[str, Any]:
     """The resolved config as trackers store it, with any URL password masked."""
-    try:
-        plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-    except Exception:  # an interpolation only Hydra's job can resolve: keep it as written
-        plain = OmegaConf.to_container(cfg, resolve=False)
+    plain = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
     return _masked(plain)
 
 
 def _masked(node: Any) -> Any:
     if isinstance(node, dict):
         return {str(k): _masked(v) for k, v in node.items()}
-    if isinstance(node, list):
+    if isinstance(node, list | tuple):
         return [_masked(v) for v in node]
     if isinstance(node, str):
         return mask_url_passwords(node)  # hpo.storage may hold one

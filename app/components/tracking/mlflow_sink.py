@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
+from app.components.tracking import TRACKERS, Tracker
 from app.components.tracking.base import COMPLETED, STOPPED, Sink
-from app.config.validation import first_line
+from app.core.errors import ConfigError, first_line
 
 # A tracking server that is down must not stall training: MLflow's own defaults (7 retries,
 # backoff factor 2, 120 s timeouts) wait minutes per call, SIGTERM included. A user's own
@@ -34,10 +34,30 @@ PARAM_VALUE_CHARS = 500  # the smallest limit across MLflow versions (6000 since
 _NOT_IN_A_KEY = re.compile(r"[^\w./ -]")  # MLflow keys: alphanumerics, _ - . / and spaces
 
 
+@dataclass
+class MlflowConfig:
+    """MLflow (pip extra `mlflow`). A local SQLite database by default, any tracking URI by
+    config. MLflow 3 refuses a bare file store unless MLFLOW_ALLOW_FILE_STORE=true."""
+
+    enabled: bool = False
+    tracking_uri: str = "sqlite:///outputs/mlflow/mlflow.db"  # relative paths: the working dir
+    experiment: str = "hydratrain"
+    run_name: str | None = None  # null: the run dir's last two parts
+    # Where a new experiment keeps its artifacts; null: beside a SQLite database, else the
+    # server's default.
+    artifact_location: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def check(self) -> None:
+        for key, value in (("experiment", self.experiment), ("tracking_uri", self.tracking_uri)):
+            if not str(value).strip():
+                raise ConfigError(f"tracking.mlflow.{key}={value!r} must not be empty")
+
+
 class MlflowSink(Sink):
     name = "mlflow"
 
-    def __init__(self, cfg: DictConfig, run_name: str, tags: dict[str, str]) -> None:
+    def __init__(self, cfg: MlflowConfig, run_name: str, tags: dict[str, str]) -> None:
         from mlflow.tracking import MlflowClient
 
         for name, value in HTTP_LIMITS.items():
@@ -45,7 +65,7 @@ class MlflowSink(Sink):
         uri = resolve_tracking_uri(cfg.tracking_uri)
         self._client = MlflowClient(tracking_uri=uri)
         experiment = self._experiment_id(cfg.experiment, artifact_location(cfg, uri))
-        run_tags = {**tags, **OmegaConf.to_container(cfg.tags, resolve=True)}
+        run_tags = {**tags, **dict(cfg.tags)}
         run = self._client.create_run(experiment, run_name=cfg.run_name or run_name, tags=run_tags)
         self.run_id = run.info.run_id
         self.tracking_uri = uri
@@ -100,7 +120,7 @@ def resolve_tracking_uri(uri: str) -> str:
     return uri
 
 
-def artifact_location(cfg: DictConfig, uri: str) -> str | None:
+def artifact_location(cfg: MlflowConfig, uri: str) -> str | None:
     """Artifacts of a SQLite store live beside the database, not in ./mlruns of whatever
     directory the run was started from (MLflow's default for database stores)."""
     if cfg.artifact_location:
@@ -135,3 +155,18 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
             out.update(flatten(value, f"{prefix}{key}."))
         return out
     return {_NOT_IN_A_KEY.sub("_", prefix.rstrip(".")): node}
+
+
+def _check(cfg: Any) -> None:
+    """An artifact location MLflow cannot store to, refused before the experiment exists."""
+    if cfg.artifact_location:
+        location = str(cfg.artifact_location)
+        if (why := check_artifact_location(location)) is not None:
+            raise ConfigError(f"tracking.mlflow.artifact_location={location!r}: {why}")
+
+
+def _start(cfg: Any, run_dir: Path, run_name: str, study: str | None) -> Sink:
+    return MlflowSink(cfg, run_name, {"run_dir": str(run_dir)})
+
+
+TRACKERS.add(Tracker("mlflow", module="mlflow", extra="mlflow", start=_start, check=_check))

@@ -8,18 +8,40 @@ training ended. mode=offline writes under the run dir and needs no account or ne
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
+from app.components.tracking import TRACKERS, Tracker
 from app.components.tracking.base import COMPLETED, Sink
+from app.core.errors import ConfigError
+from app.core.fields import one_of
+
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases (pip extra `wandb`). Offline by default: no account, no network."""
+
+    enabled: bool = False
+    project: str = "hydratrain"
+    entity: str | None = None
+    mode: str = one_of("offline", WANDB_MODES)
+    dir: str | None = None  # null: the run dir (W&B writes <dir>/wandb/)
+    name: str | None = None  # null: the run dir's last two parts
+    group: str | None = None  # null: the study's name under hpo, else none
+    tags: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        if not str(self.project).strip():
+            raise ConfigError(f"tracking.wandb.project={self.project!r} must not be empty")
 
 
 class WandbSink(Sink):
     name = "wandb"
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, run_name: str, group: str | None) -> None:
+    def __init__(self, cfg: WandbConfig, run_dir: Path, run_name: str, group: str | None) -> None:
         import wandb
 
         directory = Path(cfg.dir) if cfg.dir else run_dir
@@ -54,3 +76,10 @@ class WandbSink(Sink):
 
 def _plain(value: Any) -> bool:
     return isinstance(value, str | int | float | bool) or value is None
+
+
+def _start(cfg: Any, run_dir: Path, run_name: str, study: str | None) -> Sink:
+    return WandbSink(cfg, run_dir, run_name, study)
+
+
+TRACKERS.add(Tracker("wandb", module="wandb", extra="wandb", start=_start))

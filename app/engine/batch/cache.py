@@ -11,20 +11,26 @@ seen, sticks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from app.core.atomic import atomic_write_text
-from app.engine.context import RunContext
 from app.components.hardware.memory import host_memory_bytes
+from app.components.models.config import ModelConfig
+from app.components.models.shape import compiles
+from app.components.optim import OPTIMIZERS
+from app.components.tasks.base import Task
+from app.config.training import FaultsConfig, TrainingConfig
+from app.core.atomic import atomic_write_text
+from app.engine.run import Machine
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1
@@ -47,30 +53,42 @@ def fits_below_failure(trials: Trials, limit: float, upper: int) -> tuple[list[i
     return fits, first_fail
 
 
-def cache_key(ctx: RunContext, model: torch.nn.Module) -> dict[str, Any]:
+@dataclass
+class ProbeSetup:
+    """What choosing the micro-batch needs, from the config and the machine: built by the
+    runner, read by the probe and the cache key."""
+
+    training: TrainingConfig
+    model: ModelConfig
+    faults: FaultsConfig
+    machine: Machine
+    task: Task
+    seq_len: int  # the task's sequence length for this data
+    cache_dir: Path | None  # where the cache lives; None: no cache
+
+
+def cache_key(setup: ProbeSetup, model: torch.nn.Module) -> dict[str, Any]:
     """Everything that changes the memory a micro-batch needs (not the effective batch)."""
     import transformers
 
-    cfg, device, preset = ctx.cfg, ctx.device, ctx.preset
-    m = cfg.model
-    fused = cfg.training.fused_adamw
+    device, m, t = setup.machine.device, setup.model, setup.training
     return {
         "version": CACHE_VERSION,
         "device": [device.type, device.name, device.total_memory_bytes or host_memory_bytes()],
-        "task": ctx.task.name,
-        "model": OmegaConf.to_container(m, resolve=True),
+        "task": setup.task.name,
+        "model": dataclasses.asdict(m),
         "num_params": sum(p.numel() for p in model.parameters()),
-        "vocab_size": getattr(model.config, "vocab_size", None),
-        "seq_len": ctx.task.sequence_length(cfg.data),
-        "precision": ctx.precision.name,
+        "vocab_size": getattr(getattr(model, "config", None), "vocab_size", None),
+        "seq_len": setup.seq_len,
+        "precision": setup.machine.precision.name,
         # With eval_micro_batch_size=auto the probe also evaluates at a multiple of each size.
-        "eval_auto": cfg.training.eval_micro_batch_size == "auto",
+        "eval_auto": t.eval_micro_batch_size == "auto",
         "gradient_checkpointing": bool(m.gradient_checkpointing),
-        "compile": [bool(preset.compile if m.compile is None else m.compile), m.compile_mode],
-        "optimizer": ["adamw", True if fused is None else bool(fused)],
+        "compile": [compiles(m, setup.machine.preset), m.compile_mode],
+        "optimizer": OPTIMIZERS.get(t.optimizer).cache_identity(t),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "faults": OmegaConf.to_container(cfg.faults, resolve=True),
+        "faults": dataclasses.asdict(setup.faults),
     }
 
 
@@ -78,9 +96,7 @@ def key_hash(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def cache_path(cfg: DictConfig, key: dict[str, Any]) -> Path:
-    root = OmegaConf.select(cfg, "training.auto_batch.cache_dir", default=None)
-    folder = Path(root) if root else Path(cfg.data.cache_dir) / "autobatch"
+def cache_path(folder: Path, key: dict[str, Any]) -> Path:
     return folder / f"microbatch-{key_hash(key)}.json"
 
 

@@ -9,13 +9,14 @@ would on a GPU that ran out of memory.
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
+
+from app.config.training import FaultsConfig
 
 
 class FaultInjector:
-    def __init__(self, cfg: DictConfig | None = None, rank: int = 0) -> None:
+    def __init__(self, cfg: FaultsConfig | None = None, rank: int = 0) -> None:
         self.limit = None if cfg is None else cfg.oom_above_micro_batch
-        if cfg is not None and cfg.get("oom_rank") is not None and cfg.oom_rank != rank:
+        if cfg is not None and cfg.oom_rank is not None and cfg.oom_rank != rank:
             self.limit = None  # another rank's fault
         self.phase = "forward" if cfg is None else cfg.oom_phase
         self.from_step = 0 if cfg is None else cfg.oom_from_step

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from app.config.schema import ConfigError
+from app.core.errors import ConfigError
 
 
 def split_sizes(total: int, max_micro: int) -> list[int]:

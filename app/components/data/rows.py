@@ -17,11 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig
+from app.core.errors import ConfigError, first_line
 
-from app.config.validation import ConfigError, first_line
+if TYPE_CHECKING:
+    from app.components.data.config import DataConfig
 
 log = logging.getLogger(__name__)
 FILE_FORMATS = {
@@ -223,7 +224,7 @@ def pick_split(loaded: Any, name: str, key: str) -> Any:
     return loaded[name]
 
 
-def dataset_splits(loaded: Any, data_cfg: DictConfig) -> tuple[Any, Any | None]:
+def dataset_splits(loaded: Any, data_cfg: DataConfig) -> tuple[Any, Any | None]:
     """(train, validation or None) of what open_dataset returned."""
     import datasets
 
@@ -239,7 +240,7 @@ def dataset_splits(loaded: Any, data_cfg: DictConfig) -> tuple[Any, Any | None]:
 # All of it
 
 
-def open_rows(data_cfg: DictConfig) -> RowSplits:
+def open_rows(data_cfg: DataConfig) -> RowSplits:
     """The rows `data.paths` / `data.val_paths` or `data.dataset` name."""
     if data_cfg.dataset:
         train, val = dataset_splits(
@@ -317,14 +318,14 @@ def drop_null_texts(rows: Any, wanted: list[tuple[str, str]], split: str) -> Any
     return kept
 
 
-def dataset_identity(data_cfg: DictConfig) -> dict[str, Any]:
+def dataset_identity(data_cfg: DataConfig) -> dict[str, Any]:
     """What determines the rows: files by path, size and modification time; a saved dataset by
     the same of the files save_to_disk wrote (its arrow data and state); a hub name by name;
     and ROWS_VERSION, how they are read."""
     return {"rows_version": ROWS_VERSION, **_dataset_identity(data_cfg)}
 
 
-def _dataset_identity(data_cfg: DictConfig) -> dict[str, Any]:
+def _dataset_identity(data_cfg: DataConfig) -> dict[str, Any]:
     if data_cfg.dataset:
         return {
             "dataset": str(data_cfg.dataset),

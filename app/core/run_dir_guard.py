@@ -1,17 +1,17 @@
 """A refused run leaves its run directory as it found it, even after Hydra has written to it.
 
-Preflight (app/preflight.py) refuses what the config and the files alone can show, before Hydra
-writes anything. Some settings can only be refused once the run has started: a data column that
-is not there, a tracker that cannot start. By then Hydra has rewritten `.hydra/` and appended to
-the job's log, and the run has opened its TensorBoard file. Pointed at a finished run
+The start checks (app/cli/callbacks.py) refuse what the config and the files alone can show,
+before Hydra writes anything. Some settings can only be refused once the run has started: a
+data column that is not there, a tracker that cannot start. By then Hydra has rewritten
+`.hydra/` and appended to the job's log, and the run has opened its TensorBoard file. Pointed at a finished run
 (`hydra.run.dir=outputs/long`), such a refusal would leave the finished run's `.hydra/` saying
 the refused config.
 
-So, in a single run, a Hydra callback records what a start writes to the run directory as it is
-before Hydra writes to it, and a refusal before training starts puts it back: Hydra's files
-restored, logs cut back to their length, new logger files removed, a directory the refused run
-created removed. Once training starts the guard is disarmed: from then on what the run writes
-is its own.
+So, in a single run, a Hydra callback (app/cli/callbacks.py) records what a start writes to the
+run directory as it is before Hydra writes to it, and a refusal before training starts puts it
+back: Hydra's files restored, logs cut back to their length, new logger files removed, a
+directory the refused run created removed. Once training starts the guard is disarmed: from
+then on what the run writes is its own.
 """
 
 from __future__ import annotations
@@ -20,10 +20,6 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
 
 # Files Hydra rewrites on every start; small, so their bytes are kept whole.
 _REWRITTEN = ("config.yaml", "hydra.yaml", "overrides.yaml")
@@ -91,12 +87,10 @@ class RunDirSnapshot:
 _armed: RunDirSnapshot | None = None
 
 
-class RunDirGuard(Callback):
-    """conf/train.yaml registers it; Hydra calls it before it creates or writes the run dir."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        global _armed
-        _armed = RunDirSnapshot.take(Path(str(config.hydra.run.dir)).absolute())
+def arm(run_dir: Path) -> None:
+    """Record the run directory as it is, before Hydra writes to it (app/cli/callbacks.py)."""
+    global _armed
+    _armed = RunDirSnapshot.take(run_dir.absolute())
 
 
 def disarm() -> None:

@@ -1,0 +1,35 @@
+"""Where samples come from (`data.source`), one module each: the built-in corpus, text files,
+synthetic tokens, rows through `datasets`.
+
+A source says which tasks it serves, what its settings must hold (checked with the config) and
+what its files must hold (checked before any work, without reading them whole). What a task does
+with the samples stays with the task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app.core.registry import Registry
+
+if TYPE_CHECKING:
+    from app.components.data.config import DataConfig
+    from app.components.tasks.base import Task
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class DataSource:
+    name: str  # data.source=NAME
+    tasks: tuple[str, ...]  # the tasks it serves
+    check: Callable[[DataConfig, Task], None] = _nothing  # its settings, for this task
+    check_files: Callable[[DataConfig, Task], None] = _nothing  # its files, before any work
+    reads_files: bool = False  # rows from files that can change between two runs
+
+
+SOURCES: Registry[DataSource] = Registry(__name__, "data.source")

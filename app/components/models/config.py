@@ -1,0 +1,38 @@
+"""The `model` group: the architecture and its size, or a pretrained checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+from app.core.fields import fraction, one_of, positive_int
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _families() -> tuple[str, ...]:
+    from app.components.models.families import MODELS
+
+    return MODELS.names()
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    arch: str = one_of("gpt2", _families)  # a model family (app/components/models/families/)
+    path: str | None = None  # local checkpoint directory (arch=pretrained) or hub name
+    vocab_size: int | None = positive_int(None, nullable=True)  # null: the tokenizer's
+    n_layer: int = positive_int(2)
+    n_head: int = positive_int(4)
+    n_kv_head: int | None = positive_int(None, nullable=True)  # llama only; null = n_head
+    n_embd: int = positive_int(128)
+    # null: 4 x n_embd (gpt2, classifiers) or the llama default
+    intermediate_size: int | None = positive_int(None, nullable=True)
+    max_position_embeddings: int = positive_int(256)
+    dropout: float = fraction(0.0, high_open=True)
+    attn_implementation: str = one_of("sdpa", ATTN_IMPLEMENTATIONS)
+    gradient_checkpointing: bool = False
+    compile: bool | None = None  # null: the gpu preset decides
+    compile_mode: str = one_of("default", COMPILE_MODES)

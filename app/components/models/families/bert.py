@@ -1,0 +1,22 @@
+"""BERT sequence classifiers built from `model.*` sizes, no weights."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from app.components.models.classifiers import build_classifier, encoder_sizes
+from app.components.models.families import MODELS, ModelFamily
+
+if TYPE_CHECKING:
+    from app.components.models.config import ModelConfig
+    from app.components.tasks.base import Task, TaskData
+
+
+def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
+    from transformers import BertConfig
+
+    config = BertConfig(type_vocab_size=2, **encoder_sizes(m, data))
+    return build_classifier("BertForSequenceClassification", config, m)
+
+
+MODELS.add(ModelFamily("bert", tasks=("classification",), build=build))

@@ -1,0 +1,41 @@
+"""GPT-2 (transformers' GPT2LMHeadModel) built from `model.*` sizes, no weights."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from app.components.models.families import MODELS, ModelFamily, causal_lm, model_vocab
+
+if TYPE_CHECKING:
+    from app.components.models.config import ModelConfig
+    from app.components.tasks.base import Task, TaskData
+
+
+def parameters(m: ModelConfig, vocab: int) -> int:
+    d, ffn = m.n_embd, m.intermediate_size or 4 * m.n_embd
+    # attention qkv + proj (4d^2 + 4d), MLP (2 d ffn + ffn + d), two LayerNorms (4d)
+    per_layer = 4 * d * d + 4 * d + 2 * d * ffn + ffn + d + 4 * d
+    return vocab * d + m.max_position_embeddings * d + m.n_layer * per_layer + 2 * d
+
+
+def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=model_vocab(m, data.vocab_size),
+        n_positions=m.max_position_embeddings,
+        n_embd=m.n_embd,
+        n_layer=m.n_layer,
+        n_head=m.n_head,
+        n_inner=m.intermediate_size,
+        resid_pdrop=m.dropout,
+        embd_pdrop=m.dropout,
+        attn_pdrop=m.dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation=m.attn_implementation,
+    )
+    return causal_lm(GPT2LMHeadModel(config), m)
+
+
+MODELS.add(ModelFamily("gpt2", tasks=("causal_lm",), build=build, parameters=parameters))

@@ -1,0 +1,50 @@
+"""Llama (transformers' LlamaForCausalLM) built from `model.*` sizes, no weights: RMSNorm,
+SwiGLU, rotary positions, grouped-query attention (`model.n_kv_head`), tied embeddings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from app.components.models.families import MODELS, ModelFamily, causal_lm, model_vocab
+
+if TYPE_CHECKING:
+    from app.components.models.config import ModelConfig
+    from app.components.tasks.base import Task, TaskData
+
+
+def ffn_width(hidden: int) -> int:
+    # Llama's SwiGLU width: 2/3 of 4h, rounded up to a multiple of 256 for tensor-core shapes.
+    return 256 * ((int(8 * hidden / 3) + 255) // 256)
+
+
+def parameters(m: ModelConfig, vocab: int) -> int:
+    d = m.n_embd
+    ffn = m.intermediate_size or ffn_width(d)
+    kv = d // m.n_head * (m.n_kv_head or m.n_head)
+    # q, o (2d^2), k, v (2 d kv), SwiGLU (3 d ffn), two RMSNorms (2d)
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d
+    return vocab * d + m.n_layer * per_layer + d
+
+
+def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=model_vocab(m, data.vocab_size),
+        hidden_size=m.n_embd,
+        intermediate_size=m.intermediate_size or ffn_width(m.n_embd),
+        num_hidden_layers=m.n_layer,
+        num_attention_heads=m.n_head,
+        num_key_value_heads=m.n_kv_head or m.n_head,
+        max_position_embeddings=m.max_position_embeddings,
+        attention_dropout=m.dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=None,
+        tie_word_embeddings=True,
+        attn_implementation=m.attn_implementation,
+    )
+    return causal_lm(LlamaForCausalLM(config), m)
+
+
+MODELS.add(ModelFamily("llama", tasks=("causal_lm",), build=build, parameters=parameters))

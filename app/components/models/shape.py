@@ -1,0 +1,48 @@
+"""What a built model is, for the FLOPs formula, and how it runs (compiled or not)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from app.components.hardware.config import GpuConfig
+    from app.components.models.config import ModelConfig
+
+
+@dataclass
+class ModelShape:
+    """What the FLOPs formula needs: 6N + 12 * n_layer * n_head * head_dim * seq_len per token."""
+
+    num_params: int  # N: all parameters except position embeddings, tied weights once
+    n_layer: int
+    n_head: int
+    head_dim: int
+
+
+def model_shape(model: torch.nn.Module) -> ModelShape:
+    config = model.config
+    seen: set[int] = set()
+    n = 0
+    for name, p in model.named_parameters():
+        if id(p) in seen or "wpe" in name.split("."):  # learned positions add no matmul FLOPs
+            continue
+        seen.add(id(p))
+        n += p.numel()
+    n_head = config.num_attention_heads
+    return ModelShape(n, config.num_hidden_layers, n_head, config.hidden_size // n_head)
+
+
+def compiles(m: ModelConfig, preset: GpuConfig) -> bool:
+    """model.compile, or the card's default when it is null."""
+    return bool(preset.compile if m.compile is None else m.compile)
+
+
+def maybe_compile(model: torch.nn.Module, m: ModelConfig, preset: GpuConfig) -> torch.nn.Module:
+    if not compiles(m, preset):
+        return model
+    import torch
+
+    return torch.compile(model, mode=m.compile_mode)  # type: ignore[return-value]

@@ -1,0 +1,144 @@
+"""The `training` group and the `faults` node: how the engine trains, and the faults it injects.
+
+Every default is here, once: conf/training/default.yaml sets nothing these do not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.components.hardware.host_malloc import HOST_MALLOC_POLICIES
+from app.core.errors import ConfigError
+from app.core.fields import auto_or_count, bounded, count, fraction, one_of, positive_int
+
+SCHEDULES = ("cosine", "linear", "constant")
+FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
+
+
+def _optimizers() -> tuple[str, ...]:
+    from app.components.optim import OPTIMIZERS
+
+    return OPTIMIZERS.names()
+
+
+@dataclass
+class AutoBatchConfig:
+    """How training.micro_batch_size=auto is resolved (see app/engine/batch/probe.py)."""
+
+    max_micro_batch: int = positive_int(1024)
+    max_probe_steps: int = positive_int(40)
+    max_probe_seconds: float = bounded(120.0, low=0.0, low_open=True)
+    throughput_aware: bool = True
+    cache: bool = True
+    cache_dir: str | None = None  # null: <data.cache_dir>/autobatch
+    cpu_max_micro_batch: int = positive_int(64)
+    cpu_memory_fraction: float = fraction(0.5, low_open=True)
+    oom_recovery: bool = True
+
+
+@dataclass
+class ProfilerConfig:
+    """A torch.profiler window over optimizer steps (app/engine/profiling.py); steps=0: off."""
+
+    steps: int = count(0)  # how many optimizer steps to record
+    start_step: int = count(5)  # the first of them, after the warm-up steps
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+
+
+@dataclass
+class TrainingConfig:
+    effective_batch_size: int = positive_int(32)  # samples per optimizer step, all ranks
+    # auto (probed on the device, cached per shape) | an int that fixes it
+    micro_batch_size: Any = "auto"
+    max_steps: int = positive_int(300)
+    # An optimizer of app/components/optim/ (adamw, lion, adafactor) and its own settings, a
+    # mapping of the fields of that optimizer's Args (e.g. {beta2_decay: -0.8} for adafactor).
+    optimizer: str = one_of("adamw", _optimizers)
+    optimizer_args: Any = None
+    # The optimizers here move each weight by about lr per step whatever the gradient's scale:
+    # above 1 every weight moves by more than its size.
+    lr: float = bounded(3e-3, low=0.0, high=1.0, low_open=True)
+    min_lr_ratio: float = fraction(0.1)  # the schedule ends at lr * min_lr_ratio
+    schedule: str = one_of("cosine", SCHEDULES)
+    warmup_steps: int = count(20)
+    weight_decay: float = bounded(0.1, low=0.0)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = bounded(1e-8, low=0.0, high=1.0, low_open=True, high_open=True)
+    fused_adamw: bool | None = None  # null: fused (CUDA, and CPU since torch 2.4)
+    max_grad_norm: float = bounded(1.0, low=0.0)  # 0 disables clipping
+    eval_every: int = positive_int(50)
+    # Validation sequences (the first N blocks of the held-out split; fewer if it is smaller).
+    # Fixed in samples, not batches, so trials with different micro-batches score the same set.
+    eval_samples: int = positive_int(128)
+    # Evaluation micro-batch: null = the training micro-batch; auto = EVAL_FACTOR times it (no
+    # backward, no saved activations: it fits, and the probe checks that it does); or an int.
+    eval_micro_batch_size: Any = None
+    eval_at_start: bool = True  # a step-0 validation loss to compare the end against
+    log_every: int = positive_int(10)
+    checkpoint_every: int = count(100)  # 0: only at the end
+    keep_checkpoints: int = positive_int(2)
+    seed: int = count(1337)
+    resume: str | None = None  # null | auto (this run dir) | path to a run dir or checkpoint
+    progress_bar: bool = True
+    # Host malloc policy (app/components/hardware/host_malloc.py): retain | default. retain keeps
+    # freed memory for the next step instead of page-faulting it back in from the kernel.
+    host_malloc: str = one_of("retain", HOST_MALLOC_POLICIES)
+    # PYTORCH_CUDA_ALLOC_CONF's expandable_segments (app/components/hardware/cuda_alloc.py):
+    # true or false is merged into the variable before CUDA starts; null leaves the environment's.
+    expandable_segments: bool | None = None
+    # torch.cuda.empty_cache() after each evaluation (CUDA only): hands the evaluation's cached
+    # blocks back to the driver, at the cost of allocating them again in the next steps.
+    empty_cache_after_eval: bool = False
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    # Write <run dir>/model (Hugging Face format: config, safetensors, tokenizer) when the run
+    # completes; `python -m app.export` writes it from any checkpoint too.
+    export: bool = True
+    auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
+
+    def check(self) -> None:
+        self._check_batch()
+        from app.components.optim import OPTIMIZERS
+
+        OPTIMIZERS.get(self.optimizer).check(self)
+        p = self.profiler
+        if p.steps and p.start_step >= self.max_steps:
+            raise ConfigError(
+                f"training.profiler.start_step={p.start_step} is not a step of this run "
+                f"(training.max_steps={self.max_steps}); allowed: 0..{self.max_steps - 1}"
+            )
+
+    def _check_batch(self) -> None:
+        micro = self.micro_batch_size
+        auto_or_count("training.micro_batch_size", micro, 1, "auto or a positive integer")
+        if micro != "auto" and micro > self.effective_batch_size:
+            raise ConfigError(
+                f"training.micro_batch_size={micro} is larger than "
+                f"training.effective_batch_size={self.effective_batch_size}; allowed: auto or "
+                f"1..{self.effective_batch_size}"
+            )
+        auto_or_count(
+            "training.eval_micro_batch_size",
+            self.eval_micro_batch_size,
+            1,
+            "null (the training micro-batch), auto or a positive integer",
+            nullable=True,
+        )
+
+    @property
+    def fixed_micro_batch(self) -> int | None:
+        """The micro-batch set by the user; None for auto (probed)."""
+        return None if self.micro_batch_size == "auto" else int(self.micro_batch_size)
+
+
+@dataclass
+class FaultsConfig:
+    """Fault injection for tests and CPU users: see README, 'Fault injection'."""
+
+    oom_above_micro_batch: int | None = bounded(None, low=0, integer=True, nullable=True)
+    oom_phase: str = one_of("forward", FAULT_PHASES)
+    oom_from_step: int = count(0)  # first optimizer step at which the fault fires
+    # under torchrun: only this rank fails (null: every rank)
+    oom_rank: int | None = bounded(None, low=0, integer=True, nullable=True)

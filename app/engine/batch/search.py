@@ -1,0 +1,284 @@
+"""The probe itself: train the run's own step on worst-case samples at growing micro-batches.
+
+1, 2, 4, ... up to the cap, then a binary search between the last fit and the first failure;
+each candidate gets a warm-up step first (optimizer state, cudnn autotuning, compilation) and is
+judged on the step after it, plus one evaluation micro-batch. The probe stops after
+`max_probe_steps` steps or `max_probe_seconds`. The model, its RNG and its gradients are
+restored afterwards, and the probe's optimizer is thrown away, so the run trains exactly as it
+would with the chosen micro-batch fixed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import math
+import resource
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.components.hardware.devices import DeviceInfo
+from app.components.hardware.memory import host_memory_bytes
+from app.components.models.shape import maybe_compile
+from app.components.optim import OPTIMIZERS
+from app.components.schedule import build_scheduler
+from app.components.tasks.base import TaskData, move
+from app.engine import checkpoint as ckpt
+from app.engine.batch.cache import ProbeSetup, Trials, failed, fits_below_failure
+from app.engine.batch.choice import split_candidates
+from app.engine.batch.faults import FaultInjector
+from app.engine.batch.plan import BatchPlan, eval_micro_size
+from app.engine.evaluation import eval_sums
+from app.engine.recovery import release_after_oom
+from app.engine.run import Run
+from app.engine.step import train_step
+
+log = logging.getLogger(__name__)
+
+
+class Budget:
+    def __init__(self, max_steps: int, max_seconds: float) -> None:
+        self.max_steps = max_steps
+        self.max_seconds = max_seconds
+        self.started = time.perf_counter()
+        self.steps = 0
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def allows(self, steps: int, est_seconds: float) -> bool:
+        return (
+            self.steps + steps <= self.max_steps and self.elapsed + est_seconds <= self.max_seconds
+        )
+
+
+class Probe:
+    def __init__(
+        self,
+        setup: ProbeSetup,
+        model: torch.nn.Module,
+        data: TaskData,
+        limit: float,
+        meter: MemoryMeter | None = None,
+    ) -> None:
+        ab = setup.training.auto_batch
+        self.setup, self.model, self.data = setup, model, data
+        self.device, self.limit = setup.machine.device, limit
+        self.budget = Budget(ab.max_probe_steps, ab.max_probe_seconds)
+        self.trials: Trials = {}
+        self.last: tuple[int, float] | None = None  # (micro, seconds) of the last candidate
+        self.meter = MemoryMeter(setup.machine.device) if meter is None else meter
+
+    def stats(self) -> dict[str, Any]:
+        return {"probe_seconds": self.budget.elapsed, "probe_steps": self.budget.steps}
+
+    def run(self, upper: int, per_rank: int, throughput_aware: bool) -> Trials:
+        with preserved(self.model, self.device.torch_device):
+            self.probe_run = self._probe_run()
+            try:
+                self.search(upper)
+                if throughput_aware:
+                    self.time_top(per_rank, upper)
+            finally:
+                compiled = self.probe_run.model is not self.model
+                del self.probe_run
+                if compiled:
+                    # Drop the probe's graphs: the many shapes it tried would otherwise leave the
+                    # run dynamic-shape graphs or past dynamo's recompile limit (eager fallback).
+                    torch._dynamo.reset()
+        log.info("batch probe: %d steps in %.1fs", self.budget.steps, self.budget.elapsed)
+        return self.trials
+
+    def _probe_run(self) -> Run:
+        s, tdev, precision = self.setup, self.device.torch_device, self.setup.machine.precision
+        optimizer = OPTIMIZERS.get(s.training.optimizer).create(self.model, s.training)
+        return Run(
+            model=maybe_compile(self.model, s.model, s.machine.preset),
+            raw_model=self.model,
+            optimizer=optimizer,
+            scheduler=build_scheduler(optimizer, s.training),
+            plan=BatchPlan(1, 1),
+            precision=precision,
+            device=tdev,
+            cfg=s.training,
+            steps=iter(()),
+            val_blocks=self.data.val[:1],
+            run_dir=Path("."),
+            task=s.task,
+            scaler=torch.amp.GradScaler(tdev.type) if precision.use_grad_scaler else None,
+            faults=FaultInjector(s.faults),
+        )
+
+    def search(self, upper: int) -> None:
+        """Double until a failure or the cap, then bisect between last fit and first failure."""
+        fit, fail, micro = 0, None, 1
+        while True:
+            ok = self.try_candidate(micro)
+            if ok is None:
+                return
+            if not ok:
+                fail = micro
+                break
+            fit = micro
+            if micro >= upper:
+                return
+            micro = min(2 * micro, upper)
+        while fail - fit > 1:
+            mid = (fit + fail) // 2
+            ok = self.try_candidate(mid)
+            if ok is None:
+                return
+            fit, fail = (mid, fail) if ok else (fit, mid)
+
+    def time_top(self, per_rank: int, upper: int) -> None:
+        fits, _ = fits_below_failure(self.trials, self.limit, upper)
+        if not fits:
+            return
+        sizes = split_candidates(per_rank, fits[-1])
+        if len(sizes) < 2:
+            return
+        for size in sizes:
+            warm = size in self.trials  # already compiled/autotuned for this shape
+            if self.measure(size, warmup=0 if warm else 1, timed=2) is None:
+                return
+
+    def try_candidate(self, micro: int) -> bool | None:
+        """True: fits; False: OOM or over the memory limit; None: the budget is spent."""
+        trial = self.measure(micro, warmup=1, timed=1)
+        return None if trial is None else not failed(trial, self.limit)
+
+    def measure(self, micro: int, warmup: int, timed: int) -> dict[str, Any] | None:
+        steps = warmup + timed
+        if not (self.budget.allows(steps, self._estimate(micro, steps)) or not self.trials):
+            return None
+        started = time.perf_counter()
+        trial = self._steps(micro, warmup, timed)
+        self.last = (micro, (time.perf_counter() - started) / steps)
+        old = self.trials.get(micro, {})
+        self.trials[micro] = {**old, **{k: v for k, v in trial.items() if v is not None}}
+        log.debug("probe micro-batch %d: %s", micro, trial)
+        return self.trials[micro]
+
+    def eval_size(self, micro: int) -> int:
+        """The evaluation micro-batch a training size must leave room for. An explicit size is
+        the user's: not probed here (its OOM halves evaluation only, never the training size)."""
+        setting = self.setup.training.eval_micro_batch_size
+        return eval_micro_size(setting, micro) if setting == "auto" else micro
+
+    def _estimate(self, micro: int, steps: int) -> float:
+        if self.last is None:
+            return 0.0
+        last_micro, per_step = self.last
+        return per_step * steps * max(1.0, micro / last_micro)
+
+    def _steps(self, micro: int, warmup: int, timed: int) -> dict[str, Any]:
+        run = self.probe_run
+        run.plan = BatchPlan(micro, micro)
+        batch = run.task.worst_case(self.data.train, micro)
+        self.meter.reset()
+        fastest, error = math.inf, None
+        try:
+            for i in range(warmup + timed):
+                t0 = time.perf_counter()
+                self.budget.steps += 1
+                train_step(run, batch, 0)  # step 0: faults honour oom_from_step like the run
+                self.meter.sync()
+                if i >= warmup:
+                    # The fastest step, not the mean: on a shared machine preemption only adds.
+                    fastest = min(fastest, time.perf_counter() - t0)
+            eval_micro_batch(run, run.task.worst_case(self.data.val, self.eval_size(micro)))
+        except torch.OutOfMemoryError as exc:
+            error = str(exc).splitlines()[0]
+        if error is not None:
+            # Outside the except block: the traceback no longer pins the failed step's tensors.
+            release_after_oom(run)
+            return {"oom": True, "error": error}
+        return {
+            "oom": False,
+            "peak_fraction": self.meter.peak_fraction(),
+            "samples_per_sec": micro / fastest if 0 < fastest < math.inf else None,
+        }
+
+
+@torch.inference_mode()
+def eval_micro_batch(run: Run, batch: Any) -> None:
+    run.model.eval()
+    try:
+        x, y = run.task.inputs_and_targets(batch)
+        run.faults.check("eval", len(y), 0)
+        eval_sums(run, move(x, run.device), y.to(run.device), run.model)
+    finally:
+        run.model.train()
+
+
+@contextlib.contextmanager
+def preserved(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    """Leave the model, its gradients and the RNG as they were before the probe."""
+    # On the host: a device copy would count against the very memory being probed.
+    state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    rng = ckpt.rng_state()
+    was_training = model.training
+    try:
+        yield
+    finally:
+        model.load_state_dict(state)
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+        ckpt.set_rng_state(rng)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)  # the run's peak is the run's
+
+
+class MemoryMeter:
+    """Peak memory of one candidate as a fraction of the device's (CPU: the system's) total."""
+
+    def __init__(self, device: DeviceInfo) -> None:
+        self.device = device.torch_device
+        if self.device.type == "cuda":
+            free, self.total = torch.cuda.mem_get_info(self.device)
+            # Memory other processes (and other allocators) hold counts against the margin too.
+            self.elsewhere = self.total - free - torch.cuda.memory_reserved(self.device)
+        else:
+            self.total = host_memory_bytes()
+            self.elsewhere = 0
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            gc.collect()  # so the cached blocks of dead tensors can be returned
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            reset_host_peak()
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def peak_fraction(self) -> float:
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_reserved(self.device)
+        else:
+            peak = host_peak_bytes()
+        return (self.elsewhere + peak) / self.total
+
+
+def reset_host_peak() -> None:
+    # Linux: writing 5 resets this process's peak RSS (VmHWM); elsewhere it stays cumulative.
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def host_peak_bytes() -> int:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

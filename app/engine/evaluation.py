@@ -1,0 +1,108 @@
+"""Evaluation: the task's metrics over the validation samples, logged, kept in the summary and
+reported to the trial (which may prune the run)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from app.components.hardware.precision import autocast
+from app.components.tasks.base import move
+from app.core.outcomes import Diverged, Pruned
+from app.engine.batch.plan import rank_slice
+from app.engine.distributed import all_reduce_sum, unwrap_ddp
+from app.engine.recovery import release_after_oom, shrink_eval_micro_batch, shrink_micro_batch
+from app.engine.run import Run
+from app.engine.summary import Summary
+
+
+def evaluate(run: Run, step: int) -> float:
+    """The validation loss (per target token for causal LM, per sample for classification)."""
+    return evaluate_metrics(run, step)["loss"]
+
+
+def evaluate_metrics(run: Run, step: int) -> dict[str, float]:
+    """The task's validation metrics over run.val_blocks: this rank's sums, added up over the
+    ranks (the one host sync of the evaluation)."""
+    totals = all_reduce_sum(local_sums(run, step), run.dist).tolist()
+    return run.task.eval_metrics(totals)
+
+
+@torch.inference_mode()  # no autograd bookkeeping at all, unlike no_grad
+def local_sums(run: Run, step: int) -> torch.Tensor:
+    """The task's evaluation sums over this rank's share of the validation samples.
+
+    Under DDP each rank evaluates its own contiguous share and the sums are added up over
+    ranks: the figures one process gets, for 1/world of the work. The forward goes around the
+    DDP wrapper, whose forward may run collectives, because the shares (and so the number of
+    batches) can differ by one sample between ranks.
+    """
+    model = unwrap_ddp(run.model)
+    share = run.val_blocks[rank_slice(len(run.val_blocks), run.dist.rank, run.dist.world_size)]
+    run.model.eval()
+    while True:
+        try:
+            sums = _eval_sums(run, share, model, step)
+            break
+        except torch.OutOfMemoryError as exc:
+            failed = str(exc).splitlines()[0]
+        release_after_oom(run)
+        run.observers.hooks.on_oom(run, step)
+        if run.plan.eval_micro > run.plan.micro_batch_size:
+            shrink_eval_micro_batch(run, step)
+        else:
+            shrink_micro_batch(run, step, failed)
+    run.model.train()
+    return sums
+
+
+def _eval_sums(run: Run, share: Any, model: torch.nn.Module, step: int) -> torch.Tensor:
+    x_all, y_all = run.task.inputs_and_targets(share)
+    micro = run.plan.eval_micro
+    sizes = [min(micro, len(y_all) - start) for start in range(0, len(y_all), micro)]
+    sums: torch.Tensor | None = None
+    for x, y in run.task.micro_batches(x_all, y_all, sizes):
+        run.faults.check("eval", len(y), step)
+        part = eval_sums(run, move(x, run.device), y.to(run.device), model)
+        sums = part if sums is None else sums + part
+    assert sums is not None  # the validation set is never empty (the data checks it)
+    return sums
+
+
+def eval_sums(run: Run, x: Any, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    """The task's evaluation sums of one micro-batch under the run's autocast."""
+    with autocast(run.precision, run.device):
+        return run.task.eval_sums(model, x, y)
+
+
+def eval_and_report(run: Run, step: int, summary: Summary) -> dict[str, float]:
+    """Evaluate, log, record in the summary, report to the trial; raises Diverged, or Pruned
+    when the trial's pruner says so (never at the last step: that is the trial's result)."""
+    started = time.perf_counter()
+    values = evaluate_metrics(run, step)
+    if empties_cache_after_eval(run):
+        torch.cuda.empty_cache()
+    # Short HPO trials are easily dominated by evaluation: what it cost is in the summary.
+    summary.eval_time_s = (summary.eval_time_s or 0.0) + time.perf_counter() - started
+    summary.evaluations = (summary.evaluations or 0) + 1
+    if not math.isfinite(values["loss"]):
+        raise Diverged(f"validation loss is {values['loss']} at step {step}")
+    metrics = run.task.metrics
+    summary.final_val = {m.name: values[m.name] for m in metrics}
+    if run.observers.logger is not None:
+        run.observers.logger.log(step, {f"val/{name}": value for name, value in values.items()})
+    reported = {m.reported: values[m.name] for m in metrics}
+    reported.update({m.final: values[m.name] for m in metrics})
+    if run.observers.reporter.report(step, reported) and step < run.cfg.max_steps:
+        shown = ", ".join(f"{m.name} {values[m.name]:.4f}" for m in metrics)
+        raise Pruned(f"pruned at step {step} with validation {shown}")
+    return values
+
+
+def empties_cache_after_eval(run: Run) -> bool:
+    """training.empty_cache_after_eval on a CUDA device: the evaluation's cached blocks go back
+    to the driver (for another process on the card, or fragmentation after eval's own shapes)."""
+    return bool(run.cfg.empty_cache_after_eval) and run.device.type == "cuda"

@@ -1,0 +1,133 @@
+"""What a run tells: the plan it prints once at start, what summary.json records, and the line it
+ends with."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from app.components.tracking import tracked_config
+from app.config.schema import TrainConfig
+from app.engine.batch.plan import BatchPlan
+from app.engine.batch.probe import describe as describe_choice
+from app.engine.batch.probe import plan_scalars
+from app.engine.loop import evaluations_after
+from app.engine.run import Machine, Run
+from app.engine.summary import Summary
+from app.engine.telemetry import mfu, peak_memory_bytes, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+
+def describe_run(summary: Summary, run: Run, machine: Machine, config: TrainConfig) -> None:
+    """The plan, as summary.json records it."""
+    device, precision = machine.device, machine.precision
+    seq_len = run.task.sequence_length(config.data)
+    record_plan(summary, run.plan)
+    summary.task = run.task.name
+    summary.device, summary.device_name, summary.preset = device.type, device.name, device.preset
+    summary.device_memory_bytes = device.total_memory_bytes
+    summary.dtype, summary.precision_reason = precision.name, precision.reason
+    summary.world_size = run.dist.world_size
+    summary.seq_len = seq_len
+    # Causal LM: exact. Padded tasks: the most a step can hold (sequences are shorter).
+    summary.tokens_per_step = run.plan.effective_batch_size * seq_len
+    summary.num_params = run.facts.num_params
+    summary.flops_per_token = run.facts.flops_per_token
+    summary.peak_tflops = run.facts.peak_tflops
+    summary.resumed_from_step = run.start_step
+    summary.warnings = machine.warnings
+    summary.task_fields = run.task.summary_fields()
+
+
+def record_plan(summary: Summary, plan: BatchPlan) -> None:
+    summary.micro_batch_size = plan.micro_batch_size
+    summary.micro_batch_sizes = plan.micro_sizes
+    summary.grad_accum_steps = plan.grad_accum_steps
+    summary.effective_batch_size = plan.effective_batch_size
+    summary.eval_micro_batch_size = plan.eval_micro
+    summary.batch_source = plan.source
+    summary.batch_details = plan.details
+
+
+def plan_fields(plan: BatchPlan) -> dict[str, object]:
+    """The batch plan as trackers store it beside the config (summary.json's batch keys)."""
+    return {
+        "micro_batch_size": plan.micro_batch_size,
+        "micro_batch_sizes": plan.micro_sizes,
+        "grad_accum_steps": plan.grad_accum_steps,
+        "effective_batch_size": plan.effective_batch_size,
+        "eval_micro_batch_size": plan.eval_micro,
+        "batch_source": plan.source,
+        "batch_details": plan.details,
+    }
+
+
+def print_banner(summary: Summary, run: Run, machine: Machine, config: TrainConfig) -> None:
+    if not run.dist.is_main:
+        return
+    device, precision = machine.device, machine.precision
+    mem = f", {device.total_memory_bytes / 2**30:.1f} GiB" if device.total_memory_bytes else ""
+    step = run.task.step_line(run.plan.effective_batch_size, summary.seq_len or 0)
+    lines = [
+        f"device     {device.type}: {device.name}{mem} (preset {device.preset})",
+        f"precision  {precision.name}: {precision.reason}",
+        f"batch      {run.plan.describe()}",
+        *([f"autobatch  {how}"] if (how := describe_choice(run.plan)) else []),
+        f"{step}, {summary.num_params:,} parameters",
+        eval_line(run),
+        f"steps      {run.start_step} -> {run.cfg.max_steps}; run dir {run.run_dir}",
+    ]
+    lines += [f"warning    {w}" for w in machine.warnings]
+    print("\n".join(lines), flush=True)
+    logger = run.observers.logger
+    if logger is not None:
+        logger.config(tracked_config(config), plan_fields(run.plan))
+        logger.text("run/plan", "\n\n".join(lines))
+        logger.log(run.start_step, plan_scalars(run.plan))
+
+
+def eval_line(run: Run) -> str:
+    t = run.cfg
+    count = evaluations_after(run.start_step, t.eval_every, t.max_steps)
+    count += int(run.start_step == 0 and t.eval_at_start)
+    return (
+        f"eval       {len(run.val_blocks):,} samples x {count} evaluations (every "
+        f"{t.eval_every} steps), micro-batch {run.plan.eval_micro}, no gradients"
+    )
+
+
+def closing_line(summary: Summary) -> str:
+    def num(value: float | None, spec: str) -> str:
+        return "n/a" if value is None else format(value, spec)
+
+    loss = "loss"
+    return (
+        f"done       {summary.status} after {summary.steps} steps: val loss "
+        f"{num(summary.initial_val.get(loss), '.4f')} -> "
+        f"{num(summary.final_val.get(loss), '.4f')}, "
+        f"{num(summary.tokens_per_sec, ',.0f')} tokens/s, "
+        f"{num(summary.eval_time_s, '.1f')} s evaluating, "
+        f"summary {summary.run_dir}/summary.json"
+    )
+
+
+def write_summary(run_dir: Path, summary: Summary) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "summary.json", summary.to_json())
+    except OSError as exc:  # a full disk must not hide how the run ended
+        log.error("could not write %s/summary.json: %s", run_dir, exc)
+
+
+def summarize_run(run: Run, summary: Summary) -> None:
+    """The figures known once the run has ended: the final plan, peak memory, OOMs, MFU."""
+    record_plan(summary, run.plan)
+    summary.peak_memory_bytes = peak_memory_bytes(run.device)
+    if run.device.type == "cuda" and summary.device_memory_bytes:
+        summary.peak_memory_fraction = summary.peak_memory_bytes / summary.device_memory_bytes
+    summary.oom_count = int(run.plan.details.get("oom_count", 0))
+    facts = run.facts
+    if summary.tokens_per_sec and facts.flops_per_token and facts.peak_tflops:
+        per_device = summary.tokens_per_sec / run.dist.world_size
+        summary.mfu = mfu(per_device, facts.flops_per_token, facts.peak_tflops)

@@ -1,0 +1,117 @@
+"""What a run leaves in summary.json, as one typed record.
+
+The runner fills a `Summary` as the run goes (the plan at start, results as they come, the
+status at the end) and writes it once from `to_json()`. Task metrics are flattened to
+`initial_val_<metric>` / `final_val_<metric>` (Metric.initial / Metric.final) and the task's own
+facts (label names) sit beside the rest, so the file keeps one flat mapping. A result that was
+never produced (no export, no MFU on an unknown device) is left out rather than written as null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.outcomes import Status
+
+_OPTIONAL = "optional"
+OPTIONAL = {_OPTIONAL: True}  # a result left out of summary.json while it is None
+
+
+@dataclass
+class Summary:
+    status: str = Status.RUNNING.value
+    run_dir: str = ""
+    error: str | None = field(default=None, metadata=OPTIONAL)
+    # The plan, known once the run is built
+    task: str | None = None
+    device: str | None = None
+    device_name: str | None = None
+    preset: str | None = None
+    device_memory_bytes: int | None = None
+    dtype: str | None = None
+    precision_reason: str | None = None
+    world_size: int = 1
+    seq_len: int | None = None
+    tokens_per_step: int | None = None  # causal LM: exact; padded tasks: the most a step holds
+    num_params: int | None = None
+    flops_per_token: int | None = None
+    peak_tflops: float | None = None
+    resumed_from_step: int = 0
+    warnings: list[str] = field(default_factory=list)
+    micro_batch_size: int | None = None
+    micro_batch_sizes: list[int] = field(default_factory=list)
+    grad_accum_steps: int | None = None
+    effective_batch_size: int | None = None
+    eval_micro_batch_size: int | None = None
+    batch_source: str | None = None
+    batch_details: dict[str, Any] = field(default_factory=dict)
+    task_fields: dict[str, Any] = field(default_factory=dict)  # the task's own (label names)
+    # Progress and results
+    steps: int = 0
+    initial_val: dict[str, float | None] = field(default_factory=dict)  # by metric name
+    final_val: dict[str, float | None] = field(default_factory=dict)
+    final_train_loss: float | None = field(default=None, metadata=OPTIONAL)
+    tokens_per_sec: float | None = None  # steady state: the first log window left out
+    train_time_s: float = 0.0
+    eval_time_s: float | None = field(default=None, metadata=OPTIONAL)
+    evaluations: int | None = field(default=None, metadata=OPTIONAL)
+    profile: dict[str, Any] | None = field(default=None, metadata=OPTIONAL)
+    peak_memory_bytes: int | None = None
+    peak_memory_fraction: float | None = field(
+        default=None, metadata=OPTIONAL
+    )  # CUDA: of the device's memory
+    oom_count: int = 0
+    mfu: float | None = field(default=None, metadata=OPTIONAL)
+    wall_time_s: float | None = None
+    export_dir: str | None = field(default=None, metadata=OPTIONAL)
+
+    def to_json(self) -> dict[str, Any]:
+        """The flat mapping summary.json holds."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("initial_val", "final_val", "task_fields"):
+                continue
+            if value is None and f.metadata.get(_OPTIONAL):
+                continue
+            out[f.name] = value.value if isinstance(value, Status) else value
+        out.update({f"initial_val_{k}": v for k, v in self.initial_val.items()})
+        out.update({f"final_val_{k}": v for k, v in self.final_val.items()})
+        out.update(self.task_fields)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Summary:
+        """A summary.json read back (a finished run asked to resume)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in data.items() if k in names}
+        summary = cls(**known)
+        summary.initial_val = _prefixed(data, "initial_val_")
+        summary.final_val = _prefixed(data, "final_val_")
+        taken = names | {f"initial_val_{k}" for k in summary.initial_val}
+        taken |= {f"final_val_{k}" for k in summary.final_val}
+        summary.task_fields = {k: v for k, v in data.items() if k not in taken}
+        return summary
+
+    def value(self, key: str) -> Any:
+        """A summary.json key's value (KeyError when a run of this kind does not write it)."""
+        return self.to_json()[key]
+
+    def objective(self, metric: str | list[str]) -> float | list[float]:
+        """The value(s) main() returns: one summary key, or several for multi-objective studies."""
+        names = [metric] if isinstance(metric, str) else list(metric)
+        values = []
+        flat = self.to_json()
+        for name in names:
+            if name not in flat:
+                raise KeyError(f"objective metric {name!r} is not in summary.json")
+            value = flat[name]
+            values.append(math.nan if value is None else float(value))
+        return values[0] if isinstance(metric, str) else values
+
+
+def _prefixed(data: dict[str, Any], prefix: str) -> dict[str, Any]:
+    return {k.removeprefix(prefix): v for k, v in data.items() if k.startswith(prefix)}
