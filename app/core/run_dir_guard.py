@@ -3,9 +3,9 @@
 The start checks (app/cli/callbacks.py) refuse what the config and the files alone can show,
 before Hydra writes anything. Some settings can only be refused once the run has started: a
 data column that is not there, a tracker that cannot start. By then Hydra has rewritten
-`.hydra/` and appended to the job's log, and the run has opened its TensorBoard file. Pointed at a finished run
-(`hydra.run.dir=outputs/long`), such a refusal would leave the finished run's `.hydra/` saying
-the refused config.
+`.hydra/` and appended to the job's log, and the run has opened its TensorBoard file. Pointed
+at a finished run (`hydra.run.dir=outputs/long`), such a refusal would leave the finished run's
+`.hydra/` saying the refused config.
 
 So, in a single run, a Hydra callback (app/cli/callbacks.py) records what a start writes to the
 run directory as it is before Hydra writes to it, and a refusal before training starts puts it
