@@ -152,6 +152,51 @@ def test_bad_pruner_args_name_the_key():
         build_pruner("median", {"n_startup": 1}, 1)
 
 
+def _rung_steps(pruner: optuna.pruners.BasePruner, last_step: int) -> list[int]:
+    """The steps at which a lone trial, reporting at every step, completed each rung: what the
+    built pruner does. A lone trial is the best of every rung, so it climbs them all; Optuna
+    records each rung as the system attribute completed_rung_<k> = the value then (the step)."""
+    study = optuna.create_study(pruner=pruner)
+    trial = study.ask()
+    for step in range(1, last_step + 1):
+        trial.report(float(step), step)
+        assert not trial.should_prune()
+    attrs = study.trials[0].system_attrs
+    return [int(attrs[k]) for k in sorted(attrs, key=lambda k: int(k.rsplit("_", 1)[1]))]
+
+
+def test_successive_halving_judges_at_a_ninth_and_a_third_of_the_run():
+    pruner = build_pruner("successive_halving", {}, 1, EvalSchedule(every=10, last=900))
+    # reduction factor 3: rungs at 100 (900 / 9), 300 (900 / 3), then 900, the end
+    assert _rung_steps(pruner, 900) == [100, 300, 900]
+
+
+def test_a_reduction_factor_in_pruner_args_places_the_first_rung_for_that_factor():
+    schedule = EvalSchedule(every=10, last=800)
+    pruner = build_pruner("successive_halving", {"reduction_factor": 2}, 1, schedule)
+    assert _rung_steps(pruner, 800) == [200, 400, 800]  # 800 / 2**2, 800 / 2
+    pruner = build_pruner("successive_halving", {"reduction_factor": 2, "min_resource": 30}, 1)
+    assert _rung_steps(pruner, 130) == [30, 60, 120]  # a min_resource of its own is kept
+
+
+def test_hyperband_halves_by_three_too():
+    # Brackets from 10 to 20 steps: one bracket, whose rungs are 3 times apart.
+    pruner = build_pruner("hyperband", {}, 1, EvalSchedule(every=10, last=20))
+    assert _rung_steps(pruner, 100) == [10, 30, 90]
+
+
+@pytest.mark.parametrize("factor", [1, 2.5, "3", True])
+def test_a_bad_reduction_factor_is_one_line(factor):
+    with pytest.raises(SweepConfigError, match=r"hpo\.pruner_args\.reduction_factor=") as err:
+        build_pruner("successive_halving", {"reduction_factor": factor}, 1, EvalSchedule(10, 90))
+    assert "\n" not in str(err.value)
+
+
+def test_a_pruner_argument_optuna_refuses_is_one_line():
+    with pytest.raises(SweepConfigError, match=r"hpo\.pruner_args=\{'min_resource': 0\}"):
+        build_pruner("successive_halving", {"min_resource": 0}, 1)
+
+
 def test_stock_keys_take_precedence_with_their_stock_meaning():
     stock = StockKeys(False, n_trials=9, sampler={"_target_": "optuna.samplers.RandomSampler"})
     s = _settings(stock, n_trials=4)
@@ -361,11 +406,16 @@ def test_conf_hpo_optuna_sets_no_setting_to_its_default():
 
 def test_pruner_defaults_follow_the_studys_evaluation_schedule():
     every_10 = EvalSchedule(every=10, last=120)
-    # The first rung: the first evaluation at or after 120 / 9 steps.
-    assert pruner_defaults("successive_halving", every_10) == {"min_resource": 20}
-    assert pruner_defaults("successive_halving", EvalSchedule(50, 300)) == {"min_resource": 50}
-    assert pruner_defaults("successive_halving", EvalSchedule(25, 1000)) == {"min_resource": 125}
-    assert pruner_defaults("hyperband", every_10) == {"min_resource": 10, "max_resource": 120}
+    # The first rung: the first evaluation at or after 120 / 3**2 steps.
+    sh = {"reduction_factor": 3}
+    assert pruner_defaults("successive_halving", every_10) == {**sh, "min_resource": 20}
+    assert pruner_defaults("successive_halving", EvalSchedule(50, 300))["min_resource"] == 50
+    assert pruner_defaults("successive_halving", EvalSchedule(25, 1000))["min_resource"] == 125
+    assert pruner_defaults("hyperband", every_10) == {
+        "reduction_factor": 3,
+        "min_resource": 10,
+        "max_resource": 120,
+    }
     # Step 0 (the untrained model, alike for every trial of a seed) is never judged.
     assert pruner_defaults("median", every_10)["n_warmup_steps"] == 1
     assert EvalSchedule.of(
@@ -392,7 +442,7 @@ def test_a_jobs_pruner_is_built_with_its_own_evaluation_schedule(tmp_path, monke
     )
     cfg.training = {"eval_every": 10, "max_steps": 120}
     build_reporter(cfg)
-    assert built == [{"min_resource": 10, "max_resource": 120}]
+    assert built == [{"reduction_factor": 3, "min_resource": 10, "max_resource": 120}]
 
 
 def test_an_accuracy_study_prunes_the_low_accuracy_trial_not_the_high_one(tmp_path):
