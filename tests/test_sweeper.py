@@ -4,6 +4,7 @@ secrets, reporter. In process, no Hydra app: milliseconds each."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import time
 
 import optuna
@@ -22,12 +23,18 @@ from hydra_plugins.hydratrain_optuna_sweeper._samplers import (
     sampler_node,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._settings import (
+    SEARCH_SPACE_DEPRECATED,
     Liveness,
     StockKeys,
     read_hpo,
     read_settings,
 )
-from hydra_plugins.hydratrain_optuna_sweeper._space import Entry, format_value, parse_space
+from hydra_plugins.hydratrain_optuna_sweeper._space import (
+    Entry,
+    format_value,
+    legacy_entries,
+    parse_space,
+)
 from hydra_plugins.hydratrain_optuna_sweeper._storage import (
     Masker,
     StorageSpec,
@@ -115,6 +122,96 @@ def test_own_params_replace_the_default_space_and_null_drops_a_key():
     drop = read_settings(StockKeys(False, params={"training.wd": None}), _hpo(**hpo), "")
     entries = [e for m, p in drop.space_sources for e in _entries(m, p)]
     assert list(parse_space(entries).distributions) == ["training.lr"]
+
+
+# -- hydra.sweeper.search_space: the stock sweeper's legacy node, as its last release reads it --
+
+LEGACY = {"x": {"type": "float", "low": -5.5, "high": 5.5, "step": 0.5}}
+
+
+@pytest.mark.parametrize(
+    ("node", "expected"),
+    [  # the stock plugin's own table (its test_create_optuna_distribution_from_config) ...
+        ({"type": "categorical", "choices": [1, 2, 3]}, CategoricalDistribution([1, 2, 3])),
+        ({"type": "int", "low": 0, "high": 10}, IntDistribution(0, 10)),
+        ({"type": "int", "low": 0, "high": 10, "step": 2}, IntDistribution(0, 10, step=2)),
+        ({"type": "int", "low": 1, "high": 100, "log": True}, IntDistribution(1, 100, log=True)),
+        ({"type": "float", "low": 0, "high": 1}, FloatDistribution(0, 1)),
+        ({"type": "float", "low": 0, "high": 10, "step": 2}, FloatDistribution(0, 10, step=2)),
+        (
+            {"type": "float", "low": 1, "high": 100, "log": True},
+            FloatDistribution(1, 100, log=True),
+        ),
+        # ... and what its code does beyond it: log ignores step, int casts
+        (
+            {"type": "int", "low": 8, "high": 64, "step": 8, "log": True},
+            IntDistribution(8, 64, log=True),
+        ),
+        ({"type": "int", "low": 0.0, "high": 9.0, "step": 3.0}, IntDistribution(0, 9, step=3)),
+    ],
+)
+def test_legacy_search_space_builds_the_stock_distributions(node, expected):
+    entry = legacy_entries({"k": node}, "hydra.sweeper.search_space")
+    assert parse_space(entry).distributions == {"k": expected}
+
+
+@pytest.mark.parametrize(
+    ("node", "needle"),
+    [
+        ({"type": "normal", "low": 0, "high": 1}, ".k.type='normal' is not allowed"),
+        ({"low": 0, "high": 1}, ".k.type=None is not allowed; choose one of: int, float"),
+        ({"type": "float", "low": 0}, ".k: a float needs low and high"),
+        ({"type": "categorical"}, ".k.choices must list the values of a categorical"),
+        ({"type": "int", "low": 0, "high": 1, "q": 1}, ".k.q: no such field; known: type,"),
+        ({"type": "float", "low": 1, "high": 0}, ".k={'type': 'float', 'low': 1, 'high': 0}: "),
+        ({"type": "float", "low": 0, "high": 1, "log": True}, "'log': True}: "),
+        ("interval(0, 1)", ".k='interval(0, 1)' must be a mapping with a type"),
+    ],
+)
+def test_a_bad_legacy_entry_is_one_line_naming_it(node, needle):
+    with pytest.raises(SweepConfigError) as err:
+        legacy_entries({"k": node}, "hydra.sweeper.search_space")
+    assert str(err.value).startswith("hydra.sweeper.search_space.k") and needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("stock_node", [True, False])
+def test_legacy_search_space_alone_is_the_space_with_the_stock_deprecation_warning(stock_node):
+    from hydra_plugins.hydratrain_optuna_sweeper._impl import _space as space_of
+
+    hpo = _hpo(params={"training.lr": "interval(0.1, 0.2)"})  # replaced, as by own params
+    with pytest.warns(UserWarning, match=re.escape(SEARCH_SPACE_DEPRECATED)):
+        s = read_settings(StockKeys(stock_node, search_space=LEGACY), hpo, "")
+    assert s.search_space == LEGACY and s.space_sources == []
+    # as stock: the command line adds to it, replaces a key, or fixes one
+    space = space_of(s, ["y=choice(1, 2)", "x=3"])
+    assert space.distributions == {"y": CategoricalDistribution([1, 2])}
+    assert space.fixed == {"x": "3"}
+    assert space_of(s, []).distributions == {"x": FloatDistribution(-5.5, 5.5, step=0.5)}
+
+
+def test_legacy_search_space_beside_params_is_ignored_with_the_stock_warning():
+    stock = StockKeys(True, params={"y": "choice(1, 2)"}, search_space=LEGACY)
+    ignored = (  # hydra-optuna-sweeper 1.3.0's words
+        "Both hydra.sweeper.params and hydra.sweeper.search_space are configured.\n"
+        "Hydra will use hydra.sweeper.params for defining search space.\n"
+        "https://hydra.cc/docs/upgrades/1.1_to_1.2/changes_to_sweeper_config/"
+    )
+    with pytest.warns(UserWarning) as warned:
+        s = read_settings(stock, None, "")
+    assert [str(w.message) for w in warned] == [ignored]
+    assert s.search_space is None
+    assert s.space_sources == [({"y": "choice(1, 2)"}, "hydra.sweeper.params")]
+
+
+def test_deprecation_warnings_as_errors_make_the_legacy_node_one_line(monkeypatch):
+    monkeypatch.setenv("HYDRA_DEPRECATION_WARNINGS_AS_ERRORS", "1")
+    with pytest.raises(SweepConfigError) as err:
+        read_settings(StockKeys(True, search_space=LEGACY), None, "")
+    assert str(err.value) == (
+        "hydra.sweeper.search_space: `hydra.sweeper.search_space` is deprecated and will be "
+        "removed in the next major release."
+    )
 
 
 def _entries(mapping, prefix):
