@@ -4,6 +4,7 @@ secrets, reporter. In process, no Hydra app: milliseconds each."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import time
 
 import optuna
@@ -23,12 +24,18 @@ from hydra_plugins.hydratrain_optuna_sweeper._samplers import (
     sampler_node,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._settings import (
+    SEARCH_SPACE_DEPRECATED,
     Liveness,
     StockKeys,
     read_hpo,
     read_settings,
 )
-from hydra_plugins.hydratrain_optuna_sweeper._space import Entry, format_value, parse_space
+from hydra_plugins.hydratrain_optuna_sweeper._space import (
+    Entry,
+    format_value,
+    legacy_entries,
+    parse_space,
+)
 from hydra_plugins.hydratrain_optuna_sweeper._storage import (
     Masker,
     StorageSpec,
@@ -118,6 +125,96 @@ def test_own_params_replace_the_default_space_and_null_drops_a_key():
     assert list(parse_space(entries).distributions) == ["training.lr"]
 
 
+# -- hydra.sweeper.search_space: the stock sweeper's legacy node, as its last release reads it --
+
+LEGACY = {"x": {"type": "float", "low": -5.5, "high": 5.5, "step": 0.5}}
+
+
+@pytest.mark.parametrize(
+    ("node", "expected"),
+    [  # the stock plugin's own table (its test_create_optuna_distribution_from_config) ...
+        ({"type": "categorical", "choices": [1, 2, 3]}, CategoricalDistribution([1, 2, 3])),
+        ({"type": "int", "low": 0, "high": 10}, IntDistribution(0, 10)),
+        ({"type": "int", "low": 0, "high": 10, "step": 2}, IntDistribution(0, 10, step=2)),
+        ({"type": "int", "low": 1, "high": 100, "log": True}, IntDistribution(1, 100, log=True)),
+        ({"type": "float", "low": 0, "high": 1}, FloatDistribution(0, 1)),
+        ({"type": "float", "low": 0, "high": 10, "step": 2}, FloatDistribution(0, 10, step=2)),
+        (
+            {"type": "float", "low": 1, "high": 100, "log": True},
+            FloatDistribution(1, 100, log=True),
+        ),
+        # ... and what its code does beyond it: log ignores step, int casts
+        (
+            {"type": "int", "low": 8, "high": 64, "step": 8, "log": True},
+            IntDistribution(8, 64, log=True),
+        ),
+        ({"type": "int", "low": 0.0, "high": 9.0, "step": 3.0}, IntDistribution(0, 9, step=3)),
+    ],
+)
+def test_legacy_search_space_builds_the_stock_distributions(node, expected):
+    entry = legacy_entries({"k": node}, "hydra.sweeper.search_space")
+    assert parse_space(entry).distributions == {"k": expected}
+
+
+@pytest.mark.parametrize(
+    ("node", "needle"),
+    [
+        ({"type": "normal", "low": 0, "high": 1}, ".k.type='normal' is not allowed"),
+        ({"low": 0, "high": 1}, ".k.type=None is not allowed; choose one of: int, float"),
+        ({"type": "float", "low": 0}, ".k: a float needs low and high"),
+        ({"type": "categorical"}, ".k.choices must list the values of a categorical"),
+        ({"type": "int", "low": 0, "high": 1, "q": 1}, ".k.q: no such field; known: type,"),
+        ({"type": "float", "low": 1, "high": 0}, ".k={'type': 'float', 'low': 1, 'high': 0}: "),
+        ({"type": "float", "low": 0, "high": 1, "log": True}, "'log': True}: "),
+        ("interval(0, 1)", ".k='interval(0, 1)' must be a mapping with a type"),
+    ],
+)
+def test_a_bad_legacy_entry_is_one_line_naming_it(node, needle):
+    with pytest.raises(SweepConfigError) as err:
+        legacy_entries({"k": node}, "hydra.sweeper.search_space")
+    assert str(err.value).startswith("hydra.sweeper.search_space.k") and needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("stock_node", [True, False])
+def test_legacy_search_space_alone_is_the_space_with_the_stock_deprecation_warning(stock_node):
+    from hydra_plugins.hydratrain_optuna_sweeper._impl import _space as space_of
+
+    hpo = _hpo(params={"training.lr": "interval(0.1, 0.2)"})  # replaced, as by own params
+    with pytest.warns(UserWarning, match=re.escape(SEARCH_SPACE_DEPRECATED)):
+        s = read_settings(StockKeys(stock_node, search_space=LEGACY), hpo, "")
+    assert s.search_space == LEGACY and s.space_sources == []
+    # as stock: the command line adds to it, replaces a key, or fixes one
+    space = space_of(s, ["y=choice(1, 2)", "x=3"])
+    assert space.distributions == {"y": CategoricalDistribution([1, 2])}
+    assert space.fixed == {"x": "3"}
+    assert space_of(s, []).distributions == {"x": FloatDistribution(-5.5, 5.5, step=0.5)}
+
+
+def test_legacy_search_space_beside_params_is_ignored_with_the_stock_warning():
+    stock = StockKeys(True, params={"y": "choice(1, 2)"}, search_space=LEGACY)
+    ignored = (  # hydra-optuna-sweeper 1.3.0's words
+        "Both hydra.sweeper.params and hydra.sweeper.search_space are configured.\n"
+        "Hydra will use hydra.sweeper.params for defining search space.\n"
+        "https://hydra.cc/docs/upgrades/1.1_to_1.2/changes_to_sweeper_config/"
+    )
+    with pytest.warns(UserWarning) as warned:
+        s = read_settings(stock, None, "")
+    assert [str(w.message) for w in warned] == [ignored]
+    assert s.search_space is None
+    assert s.space_sources == [({"y": "choice(1, 2)"}, "hydra.sweeper.params")]
+
+
+def test_deprecation_warnings_as_errors_make_the_legacy_node_one_line(monkeypatch):
+    monkeypatch.setenv("HYDRA_DEPRECATION_WARNINGS_AS_ERRORS", "1")
+    with pytest.raises(SweepConfigError) as err:
+        read_settings(StockKeys(True, search_space=LEGACY), None, "")
+    assert str(err.value) == (
+        "hydra.sweeper.search_space: `hydra.sweeper.search_space` is deprecated and will be "
+        "removed in the next major release."
+    )
+
+
 def _entries(mapping, prefix):
     from hydra_plugins.hydratrain_optuna_sweeper._space import params_entries
 
@@ -151,6 +248,51 @@ def test_a_typed_hpo_node_rejects_a_misspelled_key_naming_it():
 def test_bad_pruner_args_name_the_key():
     with pytest.raises(SweepConfigError, match=r"hpo\.pruner_args"):
         build_pruner("median", {"n_startup": 1}, 1)
+
+
+def _rung_steps(pruner: optuna.pruners.BasePruner, last_step: int) -> list[int]:
+    """The steps at which a lone trial, reporting at every step, completed each rung: what the
+    built pruner does. A lone trial is the best of every rung, so it climbs them all; Optuna
+    records each rung as the system attribute completed_rung_<k> = the value then (the step)."""
+    study = optuna.create_study(pruner=pruner)
+    trial = study.ask()
+    for step in range(1, last_step + 1):
+        trial.report(float(step), step)
+        assert not trial.should_prune()
+    attrs = study.trials[0].system_attrs
+    return [int(attrs[k]) for k in sorted(attrs, key=lambda k: int(k.rsplit("_", 1)[1]))]
+
+
+def test_successive_halving_judges_at_a_ninth_and_a_third_of_the_run():
+    pruner = build_pruner("successive_halving", {}, 1, EvalSchedule(every=10, last=900))
+    # reduction factor 3: rungs at 100 (900 / 9), 300 (900 / 3), then 900, the end
+    assert _rung_steps(pruner, 900) == [100, 300, 900]
+
+
+def test_a_reduction_factor_in_pruner_args_places_the_first_rung_for_that_factor():
+    schedule = EvalSchedule(every=10, last=800)
+    pruner = build_pruner("successive_halving", {"reduction_factor": 2}, 1, schedule)
+    assert _rung_steps(pruner, 800) == [200, 400, 800]  # 800 / 2**2, 800 / 2
+    pruner = build_pruner("successive_halving", {"reduction_factor": 2, "min_resource": 30}, 1)
+    assert _rung_steps(pruner, 130) == [30, 60, 120]  # a min_resource of its own is kept
+
+
+def test_hyperband_halves_by_three_too():
+    # Brackets from 10 to 20 steps: one bracket, whose rungs are 3 times apart.
+    pruner = build_pruner("hyperband", {}, 1, EvalSchedule(every=10, last=20))
+    assert _rung_steps(pruner, 100) == [10, 30, 90]
+
+
+@pytest.mark.parametrize("factor", [1, 2.5, "3", True])
+def test_a_bad_reduction_factor_is_one_line(factor):
+    with pytest.raises(SweepConfigError, match=r"hpo\.pruner_args\.reduction_factor=") as err:
+        build_pruner("successive_halving", {"reduction_factor": factor}, 1, EvalSchedule(10, 90))
+    assert "\n" not in str(err.value)
+
+
+def test_a_pruner_argument_optuna_refuses_is_one_line():
+    with pytest.raises(SweepConfigError, match=r"hpo\.pruner_args=\{'min_resource': 0\}"):
+        build_pruner("successive_halving", {"min_resource": 0}, 1)
 
 
 def test_stock_keys_take_precedence_with_their_stock_meaning():
@@ -370,11 +512,16 @@ def test_conf_hpo_optuna_sets_no_setting_to_its_default():
 
 def test_pruner_defaults_follow_the_studys_evaluation_schedule():
     every_10 = EvalSchedule(every=10, last=120)
-    # The first rung: the first evaluation at or after 120 / 9 steps.
-    assert pruner_defaults("successive_halving", every_10) == {"min_resource": 20}
-    assert pruner_defaults("successive_halving", EvalSchedule(50, 300)) == {"min_resource": 50}
-    assert pruner_defaults("successive_halving", EvalSchedule(25, 1000)) == {"min_resource": 125}
-    assert pruner_defaults("hyperband", every_10) == {"min_resource": 10, "max_resource": 120}
+    # The first rung: the first evaluation at or after 120 / 3**2 steps.
+    sh = {"reduction_factor": 3}
+    assert pruner_defaults("successive_halving", every_10) == {**sh, "min_resource": 20}
+    assert pruner_defaults("successive_halving", EvalSchedule(50, 300))["min_resource"] == 50
+    assert pruner_defaults("successive_halving", EvalSchedule(25, 1000))["min_resource"] == 125
+    assert pruner_defaults("hyperband", every_10) == {
+        "reduction_factor": 3,
+        "min_resource": 10,
+        "max_resource": 120,
+    }
     # Step 0 (the untrained model, alike for every trial of a seed) is never judged.
     assert pruner_defaults("median", every_10)["n_warmup_steps"] == 1
     assert EvalSchedule.of(
@@ -401,7 +548,7 @@ def test_a_jobs_pruner_is_built_with_its_own_evaluation_schedule(tmp_path, monke
     )
     cfg.training = {"eval_every": 10, "max_steps": 120}
     build_reporter(cfg.hpo, cfg)
-    assert built == [{"min_resource": 10, "max_resource": 120}]
+    assert built == [{"reduction_factor": 3, "min_resource": 10, "max_resource": 120}]
 
 
 def test_an_accuracy_study_prunes_the_low_accuracy_trial_not_the_high_one(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import optuna
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraDeprecationError
 from optuna.trial import TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper import _private as private
@@ -91,3 +92,12 @@ def test_a_jobs_value_or_exception():
     assert private.job_result(done) == (1.5, None)
     value, exc = private.job_result(failed)
     assert value is None and isinstance(exc, RuntimeError)
+
+
+def test_hydras_deprecation_warning_warns_or_raises_as_the_environment_says(monkeypatch):
+    monkeypatch.delenv("HYDRA_DEPRECATION_WARNINGS_AS_ERRORS", raising=False)
+    with pytest.warns(UserWarning, match="^old key$"):
+        private.hydra_deprecation_warning("old key")
+    monkeypatch.setenv("HYDRA_DEPRECATION_WARNINGS_AS_ERRORS", "1")
+    with pytest.raises(HydraDeprecationError, match="old key"):
+        private.hydra_deprecation_warning("old key")

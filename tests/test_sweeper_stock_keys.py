@@ -183,7 +183,6 @@ def test_grid_caps_the_trials_at_the_grid_size(tmp_path):
             ["--config-dir=tests/conf", "--config-name=test_motpe"],
             "The 'motpe' sampler was removed in Optuna 4.0",
         ),
-        (["hydra.sweeper.search_space={x:1}"], "hydra.sweeper.search_space was removed"),
         (["+hydra.sweeper.sampler.priorr=1"], "sampler.priorr=1 is not a parameter of TPESampler"),
     ],
 )

@@ -13,6 +13,10 @@ class SweepAborted(CompactHydraException):
     """Too many failed trials: the sweep stops (exit status 1) with one line saying why."""
 
 
+class NoTrialCompleted(CompactHydraException):
+    """The study ended without a completed trial (exit status 1): no best value to report."""
+
+
 class StorageUnreachable(CompactHydraException):
     """The study's database stayed away: the worker stops (exit status 1); rerun to resume."""
 

@@ -21,10 +21,18 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from ._checks import check_objectives, check_space
-from ._errors import StorageUnreachable, SweepAborted, SweepConfigError
+from ._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
+from ._results import check_completed
 from ._samplers import EvalSchedule, build_pruner, build_sampler, grid_size
 from ._settings import StockKeys, SweepSettings, read_settings
-from ._space import Entry, SearchSpace, load_hook, params_entries, parse_space
+from ._space import (
+    Entry,
+    SearchSpace,
+    legacy_entries,
+    load_hook,
+    params_entries,
+    parse_space,
+)
 from ._storage import Masker, job_storage, open_storage, passwords
 from ._study import RunBudget, StudyBudget
 from ._worker import Plan, Worker
@@ -54,13 +62,16 @@ class OptunaSweeperImpl(Sweeper):
 
     def sweep(self, arguments: list[str]) -> None:
         try:
-            status = Worker(self._plan(arguments)).run()
+            plan = self._plan(arguments)
+            status = Worker(plan).run()
+            if not status:  # a stopped worker's status says more than its study's state
+                check_completed(plan.study)
         except SweepConfigError as e:
             # SystemExit passes through Hydra's error report, which would add a second line:
             # a bad sweep setting ends like a bad training setting, one line and status 2.
             print(f"error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
-        except (StorageUnreachable, SweepAborted) as e:  # not a setting: status 1
+        except (StorageUnreachable, SweepAborted, NoTrialCompleted) as e:  # status 1
             print(f"error: {self.mask(str(e))}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         if status:
@@ -157,6 +168,8 @@ class OptunaSweeperImpl(Sweeper):
 
 def _space(s: SweepSettings, arguments: list[str]) -> SearchSpace:
     entries: list[Entry] = []
+    if s.search_space is not None:
+        entries += legacy_entries(s.search_space, "hydra.sweeper.search_space")
     for mapping, prefix in s.space_sources:
         entries += params_entries(mapping, prefix)
     entries += [Entry.argument(a) for a in arguments]

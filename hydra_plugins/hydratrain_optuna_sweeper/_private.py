@@ -7,6 +7,8 @@ job's process from its number. Hydra's public `JobReturn.return_value` prints to
 raises for a failed job, where the sweeper wants the exception as a value. And an update to a
 trial that another worker finished meanwhile raises `UpdateFinishedTrialError` from Optuna
 4.1 on, a plain RuntimeError before: `finished_trial_guard` turns both into `TrialFinished`.
+The stock sweeper warns about its legacy `search_space` node through Hydra's internal
+`deprecation_warning`, which honours HYDRA_DEPRECATION_WARNINGS_AS_ERRORS: so does ours.
 
 tests/test_sweeper_private_api.py exercises each function on every storage kind; CI runs it on
 Optuna 4.x as well as the installed 5.x (.ci/run).
@@ -88,3 +90,11 @@ def job_result(ret: JobReturn) -> tuple[Any, BaseException | None]:
     if ret.status == JobStatus.COMPLETED:
         return ret._return_value, None
     return None, ret._return_value
+
+
+def hydra_deprecation_warning(message: str) -> None:
+    """Hydra's deprecation warning: a UserWarning, or HydraDeprecationError where the
+    environment sets HYDRA_DEPRECATION_WARNINGS_AS_ERRORS."""
+    from hydra._internal.deprecation_warning import deprecation_warning
+
+    deprecation_warning(message, stacklevel=3)

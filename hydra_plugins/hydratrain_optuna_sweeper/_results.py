@@ -18,9 +18,26 @@ import optuna
 from omegaconf import OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
+from ._errors import NoTrialCompleted
+
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "optimization_results.yaml"
+
+
+def check_completed(study: optuna.Study) -> None:
+    """Raise NoTrialCompleted unless a trial of the study completed, in this run or any other:
+    a rerun that adds only failed or pruned trials to a study with a best value ends well."""
+    counts = trial_counts(study.get_trials(deepcopy=False))
+    if not counts.get(TrialState.COMPLETE.name):
+        by_state = ", ".join(f"{state}: {n}" for state, n in sorted(counts.items())) or "none"
+        raise NoTrialCompleted(
+            f"no trial of study {study.study_name!r} completed (trials by state: {by_state})"
+        )
+
+
+def trial_counts(trials: list[FrozenTrial]) -> dict[str, int]:
+    return dict(Counter(t.state.name for t in trials))
 
 
 def _solution(t: FrozenTrial) -> dict[str, Any]:
@@ -40,7 +57,7 @@ def summarize(study: optuna.Study, storage: str, metrics: list[str] | None) -> d
         "storage": storage,
         "directions": [d.name.lower() for d in study.directions],
         **({"metrics": metrics} if metrics else {}),
-        "trials": dict(Counter(t.state.name for t in trials)),
+        "trials": trial_counts(trials),
     }
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if not complete:

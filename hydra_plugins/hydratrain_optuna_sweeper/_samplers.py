@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
@@ -46,7 +47,9 @@ class EvalSchedule:
         return cls(int(every), int(last))
 
 
-SH_REDUCTION = 3  # SuccessiveHalvingPruner's own default reduction factor
+# Passed to both pruners unless hpo.pruner_args sets it: successive halving's own default is 4,
+# not the 3 its first rung is placed for; hyperband's is 3, passed too so that it stays so.
+REDUCTION_FACTOR = 3
 
 
 def first_rung(schedule: EvalSchedule, fraction_of: int) -> int:
@@ -55,25 +58,43 @@ def first_rung(schedule: EvalSchedule, fraction_of: int) -> int:
     return max(schedule.every, math.ceil(wanted / schedule.every) * schedule.every)
 
 
-def pruner_defaults(name: str, schedule: EvalSchedule | None) -> dict[str, Any]:
-    """The arguments of each pruner that hpo.pruner_args does not set.
+def pruner_defaults(
+    name: str, schedule: EvalSchedule | None, args: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The arguments of each pruner that hpo.pruner_args (`args`) does not set.
 
     Step 0 is the untrained model, the same for every trial of one seed: never judged.
-    Successive halving (reduction factor 3) puts its first rung at the first evaluation at or
-    after max_steps / 9, so a trial is judged twice before its end (at ~1/9 and ~1/3 of the
-    run): judged at the first evaluation, the tiny CPU study lost its best trial, which starts
-    slowly (docs/benchmarks.md, "HPO"). Hyperband's brackets span the first evaluation to
-    max_steps.
+    Successive halving (reduction factor r, 3 unless hpo.pruner_args sets it) puts its first
+    rung at the first evaluation at or after max_steps / r**2, so a trial is judged twice before
+    its end (at ~1/9 and ~1/3 of the run with r = 3): judged at the first evaluation, the tiny
+    CPU study lost its best trial, which starts slowly (docs/benchmarks.md, "HPO"). Hyperband's
+    brackets span the first evaluation to max_steps.
     """
     if name == "median":
         return {"n_startup_trials": 3, "n_warmup_steps": 1}
-    if schedule is None:
+    if name not in ("successive_halving", "hyperband"):
         return {}
+    factor = reduction_factor(args or {})
+    out: dict[str, Any] = {"reduction_factor": factor}
+    if schedule is None:
+        return out
     if name == "successive_halving":
-        return {"min_resource": first_rung(schedule, SH_REDUCTION**2)}
-    if name == "hyperband":
-        return {"min_resource": schedule.every, "max_resource": max(schedule.last, schedule.every)}
-    return {}
+        return {**out, "min_resource": first_rung(schedule, factor**2)}
+    return {
+        **out,
+        "min_resource": schedule.every,
+        "max_resource": max(schedule.last, schedule.every),
+    }
+
+
+def reduction_factor(args: Mapping[str, Any]) -> int:
+    """hpo.pruner_args.reduction_factor, checked here: the first rung is computed from it."""
+    factor = args.get("reduction_factor", REDUCTION_FACTOR)
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
+        raise SweepConfigError(
+            f"hpo.pruner_args.reduction_factor={factor!r} must be an integer >= 2"
+        )
+    return factor
 
 
 def sampler_node(stock_sampler: Any, h: HpoConfig) -> DictConfig:
@@ -217,8 +238,8 @@ def build_pruner(
         "hyperband": optuna.pruners.HyperbandPruner,
     }[name]
     try:
-        return cls(**{**pruner_defaults(name, schedule), **args})
-    except TypeError as e:
+        return cls(**{**pruner_defaults(name, schedule, args), **args})
+    except (TypeError, ValueError) as e:  # an unknown argument, or a value Optuna refuses
         raise SweepConfigError(f"hpo.pruner_args={args} do not fit {cls.__name__}: {e}") from None
 
 

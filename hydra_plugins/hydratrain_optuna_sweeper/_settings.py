@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hydra.errors import HydraDeprecationError
 from omegaconf import DictConfig, OmegaConf
 
 from app.hpo import HpoConfig
 
+from . import _private as private
 from ._errors import SweepConfigError, first_line
 from ._storage import StorageSpec, storage_spec
 
@@ -34,6 +37,17 @@ STOCK_KEYS = (
     "max_failure_rate",
     "params",
     "custom_search_space",
+    "search_space",
+)
+# The stock sweeper's words, as its last release (1.3.0) says them about its legacy node.
+SEARCH_SPACE_URL = "https://hydra.cc/docs/upgrades/1.1_to_1.2/changes_to_sweeper_config/"
+SEARCH_SPACE_DEPRECATED = (
+    "`hydra.sweeper.search_space` is deprecated and will be removed in the next major release.\n"
+    f"Please configure with `hydra.sweeper.params`.\n{SEARCH_SPACE_URL}\n"
+)
+SEARCH_SPACE_IGNORED = (
+    "Both hydra.sweeper.params and hydra.sweeper.search_space are configured."
+    f"\nHydra will use hydra.sweeper.params for defining search space.\n{SEARCH_SPACE_URL}"
 )
 
 
@@ -52,15 +66,10 @@ class StockKeys:
     max_failure_rate: float | None = None
     params: Any = None
     custom_search_space: str | None = None
+    search_space: Any = None  # the stock sweeper's legacy node: {key: {type, low, high, ...}}
 
     @classmethod
     def of(cls, options: Mapping[str, Any], stock_node: bool) -> StockKeys:
-        if options.get("search_space") is not None:
-            raise SweepConfigError(
-                "hydra.sweeper.search_space was removed from the stock sweeper (deprecated in "
-                "its 1.2); give the search space as hydra.sweeper.params"
-            )
-        options = {k: v for k, v in options.items() if k != "search_space"}
         unknown = sorted(set(options) - set(STOCK_KEYS))
         if unknown:
             raise SweepConfigError(
@@ -120,6 +129,9 @@ class SweepSettings:
     liveness: Liveness
     # (mapping, setting) pairs of search-space entries, in order
     space_sources: list[tuple[Any, str]]
+    # hydra.sweeper.search_space where it is in charge: {key: distribution config}, before
+    # the command line's entries
+    search_space: Mapping[str, Any] | None = None
     enqueue: list[Any] = field(default_factory=list)
     tensorboard: bool = False
     reports: bool = False  # jobs are told their trial (there is an hpo node): pruning
@@ -167,6 +179,7 @@ def read_settings(stock: StockKeys, hpo_node: Any, sweep_dir: str) -> SweepSetti
         "custom_search_space", h.search_space_fn, "hpo.search_space_fn"
     )
     metrics = _as_list(h.metric) if hpo else None
+    legacy = _legacy_search_space(stock)
     s = SweepSettings(
         study_name=_study_name(stock, h),
         storage=_storage(stock, h, sweep_dir),
@@ -186,7 +199,8 @@ def read_settings(stock: StockKeys, hpo_node: Any, sweep_dir: str) -> SweepSetti
         liveness=Liveness(
             h.heartbeat_interval, h.stale_after, h.retry_stale, h.wait_for_running, h.poll_interval
         ),
-        space_sources=_space_sources(stock.params, hpo),
+        space_sources=[] if legacy is not None else _space_sources(stock.params, hpo),
+        search_space=legacy,
         enqueue=list(h.enqueue) if hpo else [],
         tensorboard=bool(hpo and h.tensorboard),
         reports=hpo is not None,
@@ -214,6 +228,28 @@ def _space_sources(own: Any, hpo: HpoConfig | None) -> list[tuple[Any, str]]:
     if any(v is not None for v in own.values()) or hpo is None:
         return [(own, "hydra.sweeper.params")]
     return [(hpo.params, "hpo.params"), (own, "hydra.sweeper.params")]
+
+
+def _legacy_search_space(stock: StockKeys) -> Mapping[str, Any] | None:
+    """hydra.sweeper.search_space as the stock sweeper's last release reads it: beside
+    hydra.sweeper.params it is ignored, with a warning; alone it is the search space (in the
+    place of hpo.params too), with Hydra's deprecation warning."""
+    if stock.search_space is None:
+        return None
+    if stock.params is not None:
+        warnings.warn(SEARCH_SPACE_IGNORED, UserWarning, stacklevel=2)
+        return None
+    try:
+        private.hydra_deprecation_warning(SEARCH_SPACE_DEPRECATED)
+    except HydraDeprecationError as e:  # HYDRA_DEPRECATION_WARNINGS_AS_ERRORS is set
+        raise SweepConfigError(f"hydra.sweeper.search_space: {first_line(e)}") from None
+    space = _plain(stock.search_space)
+    if not isinstance(space, Mapping):
+        raise SweepConfigError(
+            f"hydra.sweeper.search_space={space!r} must be a mapping of key: "
+            "{type: int|float|categorical, ...}"
+        )
+    return space
 
 
 def _failure_rule(stock: StockKeys, h: HpoConfig) -> FailureRule:

@@ -6,6 +6,9 @@ range(a, b, step) -> int/float steps with b *inclusive*; interval(a, b) -> unifo
 both ends are ints); tag(log, interval(...)) -> log scale; a plain value is fixed: passed to
 every job and recorded as a user attribute; `~key` is passed to every job (and drops `key`
 from the space). Our addition: a key whose value is null is dropped from the space.
+
+The stock sweeper's legacy `search_space` node ({key: {type, low, high, step, log, choices}})
+becomes the distributions its last release builds from it (`legacy_entries`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Entry:
     source: str  # hydra.sweeper.params.KEY, hpo.params.KEY, or KEY (the command line)
     text: str
     drop: bool = False  # a null value: `text` is the key alone, and it is not searched
+    dist: BaseDistribution | None = None  # given, not parsed (hydra.sweeper.search_space)
 
     @classmethod
     def argument(cls, text: str) -> Entry:
@@ -95,20 +99,29 @@ def parse_space(entries: list[Entry]) -> SearchSpace:
         if entry.drop:
             _drop(space, entry.text)
             continue
+        if entry.dist is not None:
+            _search(space, entry, entry.text.partition("=")[0], entry.dist, {})
+            continue
         override = _parse_one(parser, entry)
         key = override.get_key_element()
         if override.is_delete():
             _drop(space, key.lstrip("~"))
             space.deletions.append(entry.text)
         elif override.is_sweep_override():
-            space.fixed.pop(key, None)
-            space.distributions[key], texts = _distribution(entry.shown, override)
-            space.choice_texts[key] = texts
-            space.shown[key] = entry.shown
+            _search(space, entry, key, *_distribution(entry.shown, override))
         else:
             space.distributions.pop(key, None)
             space.fixed[key] = override.get_value_element_as_str()
     return space
+
+
+def _search(
+    space: SearchSpace, entry: Entry, key: str, dist: BaseDistribution, texts: dict[Any, str]
+) -> None:
+    space.fixed.pop(key, None)
+    space.distributions[key] = dist
+    space.choice_texts[key] = texts
+    space.shown[key] = entry.shown
 
 
 def _drop(space: SearchSpace, key: str) -> None:
@@ -170,6 +183,56 @@ def _grid_values(shown: str, dist: BaseDistribution) -> list[Any]:
         f"{shown}: the grid sampler needs discrete values (choice or range); "
         f"this is a continuous interval"
     )
+
+
+LEGACY_TYPES = ("int", "float", "categorical")
+LEGACY_FIELDS = ("type", "choices", "low", "high", "log", "step")
+_TYPES = ", ".join(LEGACY_TYPES)
+
+
+def legacy_entries(search_space: Mapping[str, Any], prefix: str) -> list[Entry]:
+    """hydra.sweeper.search_space: {key: {type, ...}} as entries with their distributions."""
+    return [
+        Entry(f"{prefix}.{k}", f"{k}={v}", dist=legacy_distribution(f"{prefix}.{k}", v))
+        for k, v in search_space.items()
+    ]
+
+
+def legacy_distribution(setting: str, node: Any) -> BaseDistribution:
+    """The distribution the stock sweeper's last release builds from one DistributionConfig
+    (its create_optuna_distribution_from_config, in Optuna 4 terms): with log, step is ignored;
+    int casts low, high and step to int. What it would stop on with a traceback is one line."""
+    if not isinstance(node, Mapping):
+        raise SweepConfigError(f"{setting}={node!r} must be a mapping with a type: {_TYPES}")
+    unknown = sorted(set(node) - set(LEGACY_FIELDS))
+    if unknown:
+        known = ", ".join(LEGACY_FIELDS)
+        raise SweepConfigError(f"{setting}.{unknown[0]}: no such field; known: {known}")
+    kind = node.get("type")
+    if kind not in LEGACY_TYPES:
+        raise SweepConfigError(f"{setting}.type={kind!r} is not allowed; choose one of: {_TYPES}")
+    try:
+        return _legacy(setting, kind, node)
+    except (TypeError, ValueError) as e:  # Optuna's own checks: low <= high, step > 0, ...
+        raise SweepConfigError(f"{setting}={dict(node)}: {first_line(e)}") from None
+
+
+def _legacy(setting: str, kind: str, node: Mapping[str, Any]) -> BaseDistribution:
+    if kind == "categorical":
+        choices = node.get("choices")
+        if not isinstance(choices, list | tuple) or not choices:
+            raise SweepConfigError(f"{setting}.choices must list the values of a categorical")
+        return CategoricalDistribution(list(choices))
+    low, high, step, log = (node.get(k) for k in ("low", "high", "step", "log"))
+    if low is None or high is None:
+        raise SweepConfigError(f"{setting}: a {kind} needs low and high")
+    if kind == "int":
+        if log:
+            return IntDistribution(int(low), int(high), log=True)
+        return IntDistribution(int(low), int(high), step=int(step) if step is not None else 1)
+    if log:
+        return FloatDistribution(low, high, log=True)
+    return FloatDistribution(low, high, step=step)
 
 
 def suggest(trial: Trial, name: str, dist: BaseDistribution) -> Any:

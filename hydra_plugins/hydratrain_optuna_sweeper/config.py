@@ -148,7 +148,9 @@ class OptunaSweeperConf:
     # it (OmegaConf can merge a mapping neither into a null Dict nor new keys into a Dict).
     params: Any = None
     custom_search_space: str | None = None  # dotted path of fn(cfg, trial)
-    search_space: Any = None  # removed from the stock sweeper: refused with one line
+    # The legacy {key: {type, low, high, ...}} form, read as the stock's 1.3.0 does, with its
+    # deprecation warning; beside params it is ignored, with its warning.
+    search_space: Any = None
 
 
 @dataclass
@@ -168,7 +170,18 @@ class HydratrainOptunaSweeperConf:
     max_failure_rate: float | None = None  # hpo.max_failure_rate
     params: Any = None  # hpo.params
     custom_search_space: str | None = None  # hpo.search_space_fn
-    search_space: Any = None  # removed from the stock sweeper: refused with one line
+    search_space: Any = None  # as stock (above); set alone, it replaces hpo.params too
+
+
+STOCK_PACKAGE = "hydra_plugins.hydra_optuna_sweeper"
+
+
+def stock_plugin_installed() -> bool:
+    """Whether the stock hydra-optuna-sweeper is installed: a regular package (with an
+    `__init__.py`) of its name. Ours, hydra_plugins/hydra_optuna_sweeper/, is a namespace
+    portion without one, which Python resolves only when no regular package exists."""
+    spec = importlib.util.find_spec(STOCK_PACKAGE)
+    return spec is not None and spec.origin not in (None, "namespace")
 
 
 def _register() -> None:
@@ -176,7 +189,7 @@ def _register() -> None:
     cs.store(group="hydra/sweeper", name="hydratrain_optuna", node=HydratrainOptunaSweeperConf)
     # Never shadow the stock plugin when it is installed: its configs then get what they ask
     # for, and its sampler configs (the same names and fields) serve both sweepers.
-    if importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None:
+    if not stock_plugin_installed():
         cs.store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf)
         for name, node in SAMPLERS.items():
             cs.store(group="hydra/sweeper/sampler", name=name, node=node)
