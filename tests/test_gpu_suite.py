@@ -406,3 +406,41 @@ def test_the_markdown_report_has_the_header_and_each_command_in_full():
     assert "  python -m app.train a=1 'b=c d'\n" in md
     assert "- [ ] goal: goal met (0.3)" in md
     assert "```\nTraceback\nValueError: boom\n```" in md
+
+
+def fake_wheel(directory: Path, module: str) -> Path:
+    """A minimal pure-Python wheel holding one module."""
+    import zipfile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{module}-0.1-py3-none-any.whl"
+    info = f"{module}-0.1.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{module}/__init__.py", "VALUE = 42\n")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+        wheel = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        z.writestr(f"{info}/WHEEL", wheel)
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+@pytest.mark.parametrize("pip_works", [True, False])
+def test_missing_modules_come_from_the_wheels_in_dot_whl(tmp_path, monkeypatch, pip_works):
+    from app.gpu_suite import wheels
+
+    fake_wheel(tmp_path / ".whl", "suite_demo_mod")
+    monkeypatch.setattr(wheels, "NEEDED", ("suite_demo_mod",))
+    with monkeypatch.context() as m:
+        if not pip_works:
+            failed = subprocess.CompletedProcess([], 1, "", "No module named pip")
+            m.setattr(wheels.subprocess, "run", lambda *a, **k: failed)
+        site, note = wheels.prepare_site(tmp_path)
+    assert site is not None and "site-packages" in str(site)
+    assert note.startswith("missing suite_demo_mod: 1 wheels from .whl/")
+    assert ("pip --target" in note) == pip_works
+    probe = "import suite_demo_mod; print(suite_demo_mod.VALUE)"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    assert (
+        subprocess.run([PY, "-c", probe], env=env, capture_output=True, text=True).stdout == "42\n"
+    )
+    assert wheels.prepare_site(tmp_path)[1].endswith("wheels installed before")

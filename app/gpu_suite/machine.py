@@ -19,6 +19,7 @@ MODULES = (
     "tensorboard",
     "pytest",
     "accelerate",
+    "datasets",
     "pynvml",
 )
 ESSENTIAL = ("torch", "transformers", "hydra", "omegaconf", "optuna", "yaml")

@@ -1,9 +1,9 @@
 """Dependencies on a GPU machine without a network: the wheels carried in `.whl/`.
 
 A GPU image often has torch, transformers, tensorboard and nvidia-ml-py but not Hydra, Optuna,
-pytest or accelerate. When one of those is missing and `.whl/` holds wheels (gathered
+pytest, accelerate or datasets. When one of those is missing and `.whl/` holds wheels (gathered
 beforehand by scripts/device_wheels.sh), they are installed with
-`pip install --no-index --no-deps --target .whl/site-<python>` and that directory goes on the
+`pip install --no-index --no-deps --target .whl/py<version>/site-packages`, which goes on the
 children's PYTHONPATH, after the repository root: the project is imported from the tree, never
 pip-installed.
 """
@@ -17,11 +17,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-NEEDED = ("hydra", "omegaconf", "optuna", "pytest", "accelerate")
+NEEDED = ("hydra", "omegaconf", "optuna", "pytest", "accelerate", "datasets")
 
 
-def missing(modules: tuple[str, ...] = NEEDED) -> list[str]:
-    return [m for m in modules if importlib.util.find_spec(m) is None]
+def missing() -> list[str]:
+    return [m for m in NEEDED if importlib.util.find_spec(m) is None]
 
 
 def prepare_site(repo: Path) -> tuple[Path | None, str]:
@@ -32,11 +32,13 @@ def prepare_site(repo: Path) -> tuple[Path | None, str]:
     wheels = sorted((repo / ".whl").glob("*.whl"))
     if not wheels:
         return None, f"missing {', '.join(absent)}; .whl/ holds no wheels"
-    site = repo / ".whl" / f"site-{sys.version_info.major}.{sys.version_info.minor}"
+    # A path holding "site-packages": dill (under `datasets`) pickles classes of modules from
+    # anywhere else by value, and fails on pyarrow's; from there, by reference, as usual.
+    site = repo / ".whl" / f"py{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     stamp = site / ".installed"
     names = "\n".join(w.name for w in wheels)
     if stamp.is_file() and stamp.read_text() == names:
-        return site, f"missing {', '.join(absent)}: {len(wheels)} wheels already in {site.name}"
+        return site, f"missing {', '.join(absent)}: {len(wheels)} wheels installed before"
     how = _install(wheels, site)
     stamp.write_text(names)
     return site, f"missing {', '.join(absent)}: {len(wheels)} wheels from .whl/ {how}"
