@@ -27,7 +27,7 @@ def gpu_tests(ctx: StepContext) -> None:
     files = gpu_test_files(ctx.suite.repo)
     argv = ctx.py("-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider")
     argv += [f"--junitxml={junit}", *files]
-    ctx.sh("pytest -m gpu", argv, dry=argv, limit_s=85)
+    ctx.sh("pytest -m gpu", argv, dry=argv, limit_s=70)
     with ctx.reading("junit.xml"):
         r = readers.junit(junit)
         for key in ("tests", "passed", "failures", "errors", "skipped", "not_passed"):
@@ -41,7 +41,7 @@ def gpu_tests(ctx: StepContext) -> None:
 
 def default_run(ctx: StepContext) -> None:
     gpu, dry = train(ctx, "run", {"gpu": "auto", "precision": "auto"}, TINY)
-    rec = ctx.sh("train", gpu, dry=dry, limit_s=85)
+    rec = ctx.sh("train", gpu, dry=dry, limit_s=175)
     if rec.status != "ok":
         return
     with ctx.reading("the run"):

@@ -16,7 +16,15 @@ from typing import Any
 
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
-from app.gpu_suite.steps.common import GPT2, LEAN, TINY_MODEL, completed, run_figures, train
+from app.gpu_suite.steps.common import (
+    EAGER,
+    GPT2,
+    LEAN,
+    TINY_MODEL,
+    completed,
+    run_figures,
+    train,
+)
 from app.gpu_suite.steps.memory import PROBE_SHAPE
 
 HOG = (
@@ -156,7 +164,7 @@ def forced_oom(ctx: StepContext) -> None:
 
 
 def injected_overrides(phase: str) -> dict[str, Any]:
-    base = {"gpu": "auto", **LEAN, "faults.oom_phase": phase, "faults.oom_from_step": 3}
+    base = {"gpu": "auto", **EAGER, **LEAN, "faults.oom_phase": phase, "faults.oom_from_step": 3}
     base |= {"training.max_steps": 8, "training.eval_every": 4, "training.log_every": 1}
     if phase == "eval":  # training's micro-batch fits; evaluation's, 4x larger, does not
         size = {"training.micro_batch_size": 4, "training.eval_micro_batch_size": "auto"}

@@ -8,6 +8,7 @@ from typing import Any
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
 from app.gpu_suite.steps.common import (
+    EAGER,
     GPT2,
     GPT2_TINY,
     LEAN,
@@ -26,9 +27,9 @@ def precision(ctx: StepContext) -> None:
     CUDA's: autocast on the card, GradScaler, TF32 tensor cores)."""
     for p in PRECISIONS:
         gpu, dry = train(
-            ctx, p, {"gpu": "auto", "precision": p, **LEAN}, TINY if p == "fp32" else None
+            ctx, p, {"gpu": "auto", "precision": p, **EAGER, **LEAN}, TINY if p == "fp32" else None
         )
-        if ctx.sh(f"precision={p}", gpu, dry=dry, limit_s=45).status != "ok":
+        if ctx.sh(f"precision={p}", gpu, dry=dry, limit_s=60).status != "ok":
             continue
         with ctx.reading(f"precision={p}"):
             s = readers.summary(ctx.dir / p)

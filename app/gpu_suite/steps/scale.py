@@ -12,10 +12,20 @@ from typing import Any
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
 from app.gpu_suite.report import CommandRecord
-from app.gpu_suite.steps.common import GPT2, GPT2_TINY, QUIET, TINY, args, completed, loss_fell
+from app.gpu_suite.steps.common import (
+    EAGER,
+    GPT2,
+    GPT2_TINY,
+    QUIET,
+    TINY,
+    args,
+    completed,
+    loss_fell,
+)
 
 DDP = {
     "gpu": "auto",
+    **EAGER,
     "training.effective_batch_size": 64,
     "training.micro_batch_size": 8,
     "training.max_steps": 100,
