@@ -15,10 +15,12 @@ FAIL = (
     "print('last line before the failure', flush=True); "
     "sys.exit(3)"
 )
-# The parent and a child it starts (same process group) write their pids, then both sleep.
+# The parent and a child it starts (same process group) write their pids, then both sleep;
+# the child ignores SIGTERM, as a stuck worker may, so only the group's SIGKILL ends it.
 HANG = (
     "import os, pathlib, subprocess, sys, time; "
-    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)']); "
+    "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)']); "
     "pathlib.Path(sys.argv[1]).write_text(f'{os.getpid()} {child.pid}'); "
     "print('hanging on purpose', flush=True); "
     "time.sleep(3600)"
