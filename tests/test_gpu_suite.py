@@ -444,3 +444,11 @@ def test_missing_modules_come_from_the_wheels_in_dot_whl(tmp_path, monkeypatch, 
         subprocess.run([PY, "-c", probe], env=env, capture_output=True, text=True).stdout == "42\n"
     )
     assert wheels.prepare_site(tmp_path)[1].endswith("wheels installed before")
+
+
+def test_pending_leaves_out_the_steps_the_report_has_done(tmp_path):
+    from app.gpu_suite.__main__ import pending
+
+    steps = [command_step(1, "a", "print(1)"), command_step(2, "b", "print(2)", limit_s=300)]
+    run_steps(steps, make_suite(tmp_path), report.Report(), {}, budget_s=100)
+    assert [s.name for s in pending(steps, report.load(tmp_path))] == ["b"]
