@@ -1,0 +1,114 @@
+"""The suite's records and DIR/report.json: loaded, merged by step name, written atomically.
+
+A suite run in parts (`--steps`, `--only`, `--pending`) appends to the same DIR: the steps a
+part runs replace their earlier records, the others are kept, and each part is listed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "hydratrain-gpu-suite/1"
+STEP_STATUSES = ("passed", "failed", "timed_out", "skipped", "not_run")
+COMMAND_STATUSES = ("ok", "failed", "timed_out", "skipped")
+DONE = ("passed", "failed", "timed_out", "skipped")  # what --pending does not run again
+
+
+@dataclass
+class CommandRecord:
+    label: str
+    command: str  # as run from the repository root ("python" is the suite's interpreter)
+    argv: list[str]
+    status: str = "skipped"  # one of COMMAND_STATUSES
+    rc: int | None = None
+    seconds: float = 0.0
+    limit_s: float | None = None
+    reason: str | None = None  # why skipped, failed or timed out
+    log: str | None = None  # relative to DIR
+    tail: list[str] = field(default_factory=list)
+    gpu_command: str | None = None  # dry run: the command the GPU run uses instead
+    config_check: str | None = None  # dry run: "ok", or the line `--cfg job` refused it with
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+    goal: bool = False  # a target to report; missing it does not fail the step
+
+
+@dataclass
+class StepRecord:
+    number: int
+    name: str
+    title: str
+    status: str = "not_run"  # one of STEP_STATUSES
+    reason: str | None = None
+    seconds: float = 0.0
+    limit_s: float = 0.0
+    device: str | None = None
+    finished_at: str | None = None
+    commands: list[CommandRecord] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepRecord:
+        rec = cls(**{k: v for k, v in d.items() if k not in ("commands", "checks")})
+        rec.commands = [CommandRecord(**c) for c in d.get("commands", [])]
+        rec.checks = [Check(**c) for c in d.get("checks", [])]
+        return rec
+
+
+@dataclass
+class Report:
+    header: dict[str, Any] = field(default_factory=dict)
+    steps: list[StepRecord] = field(default_factory=list)
+    parts: list[dict[str, Any]] = field(default_factory=list)
+
+    def step(self, name: str) -> StepRecord | None:
+        return next((s for s in self.steps if s.name == name), None)
+
+    def put(self, rec: StepRecord) -> None:
+        self.steps = [s for s in self.steps if s.name != rec.name] + [rec]
+        self.steps.sort(key=lambda s: s.number)
+
+    def to_dict(self) -> dict[str, Any]:
+        steps = [asdict(s) for s in self.steps]
+        return {"schema": SCHEMA, "header": self.header, "parts": self.parts, "steps": steps}
+
+
+def load(out: Path) -> Report:
+    """The report a previous part left in DIR, or a new one (an unreadable file is not merged)."""
+    try:
+        data = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        return Report()
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        return Report()
+    steps = [StepRecord.from_dict(s) for s in data.get("steps", [])]
+    return Report(data.get("header", {}), steps, data.get("parts", []))
+
+
+def write(out: Path, report: Report, markdown: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic(out / "report.json", json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    _atomic(out / "report.md", markdown)
+
+
+def _atomic(path: Path, text: str) -> None:
+    # A suite killed mid-write leaves the previous complete file, never half of one.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z")

@@ -1,0 +1,63 @@
+"""Steps 1 and 2: the gpu-marked tests, and the default run on the card."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from app.gpu_suite import readers
+from app.gpu_suite.context import StepContext
+from app.gpu_suite.steps.common import TINY, completed, log_of, loss_fell, run_figures, train
+
+
+def gpu_test_files(repo: Path) -> list[str]:
+    """Only the files holding gpu-marked tests are collected: an optional package another
+    test file imports, missing from a GPU image, cannot fail this step."""
+    found = [
+        str(p.relative_to(repo))
+        for p in sorted((repo / "tests").glob("test_*.py"))
+        if re.search(r"\bmark\.gpu\b", p.read_text(errors="replace"))
+    ]
+    return found or ["tests"]
+
+
+def gpu_tests(ctx: StepContext) -> None:
+    junit = ctx.dir / "junit.xml"
+    files = gpu_test_files(ctx.suite.repo)
+    argv = ctx.py("-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider")
+    argv += [f"--junitxml={junit}", *files]
+    ctx.sh("pytest -m gpu", argv, dry=argv, limit_s=70)
+    with ctx.reading("junit.xml"):
+        r = readers.junit(junit)
+        for key in ("tests", "passed", "failures", "errors", "skipped", "not_passed"):
+            ctx.figure(key, r[key])
+        detail = f"{r['failures']} failures, {r['errors']} errors"
+        ctx.check("no gpu test failed", r["tests"] > 0 and not r["failures"] + r["errors"], detail)
+        if not ctx.dry:
+            ran = f"{r['passed']} passed, {r['skipped']} skipped"
+            ctx.check("the gpu tests ran on the card", r["passed"] > 0, ran)
+
+
+def default_run(ctx: StepContext) -> None:
+    gpu, dry = train(ctx, "run", {"gpu": "auto", "precision": "auto"}, TINY)
+    rec = ctx.sh("train", gpu, dry=dry, limit_s=175)
+    if rec.status != "ok":
+        return
+    with ctx.reading("the run"):
+        s = readers.summary(ctx.dir / "run")
+        run_figures(ctx, s)
+        completed(ctx, s, "run")
+        loss_fell(ctx, s, "run")
+        banner_checks(ctx, s, readers.banner(log_of(ctx, "train")))
+
+
+def banner_checks(ctx: StepContext, s: dict[str, Any], banner: dict[str, str]) -> None:
+    ctx.figure("banner: device", banner.get("device"))
+    ctx.figure("banner: precision", banner.get("precision"))
+    device, precision = banner.get("device", ""), banner.get("precision", "")
+    ctx.check("banner names the preset", f"(preset {s.get('preset')})" in device, device)
+    ctx.check("banner names dtype and reason", precision.startswith(f"{s.get('dtype')}: "))
+    if not ctx.dry:
+        on_card = str(s.get("device", "")).startswith("cuda") and s.get("preset") != "cpu"
+        ctx.check("trained on the card with its preset", on_card, f"{s.get('preset')}")

@@ -1,0 +1,107 @@
+"""What the steps share: the GPU sizes, their tiny CPU stand-ins, and building and reading a
+trainer run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from app.gpu_suite import readers
+from app.gpu_suite.context import StepContext
+
+Overrides = dict[str, Any]
+
+QUIET = {"training.progress_bar": "false"}
+# The dry run's model and data: a whole run takes a few seconds on two CPU cores.
+TINY_MODEL: Overrides = {
+    "model.n_layer": 1,
+    "model.n_head": 2,
+    "model.n_embd": 32,
+    "model.max_position_embeddings": 64,
+    "data.seq_len": 32,
+    "data.builtin_num_docs": 300,
+}
+TINY: Overrides = {
+    **TINY_MODEL,
+    "training.effective_batch_size": 8,
+    "training.max_steps": 6,
+    "training.eval_every": 3,
+    "training.eval_samples": 8,
+    "training.warmup_steps": 2,
+    "training.log_every": 1,
+}
+# Nothing the report reads is in the checkpoints or the exported model: skip what can be.
+LEAN: Overrides = {"training.checkpoint_every": 0, "training.export": "false"}
+# The GPU presets compile by default, and a compile costs a minute per shape and precision:
+# only the default run (step 2) and the bench's compiled variant (step 3) pay it. The others
+# measure what does not depend on it (memory of a micro-batch, recovery, precision, logging).
+EAGER: Overrides = {"model.compile": "false"}
+# GPT-2 small (124M) on random tokens at 1024 positions, the card's precision.
+GPT2: Overrides = {
+    "gpu": "auto",
+    "model": "gpt2_small",
+    "data": "synthetic",
+    "data.seq_len": 1024,
+    "precision": "auto",
+    "training.lr": "6e-4",
+    **EAGER,
+    **LEAN,
+}
+GPT2_TINY: Overrides = {"model": "tiny_gpt2", **TINY, "data.synthetic_num_tokens": 20000}
+
+
+def args(overrides: Overrides) -> list[str]:
+    return [f"{k}={_text(v)}" for k, v in overrides.items()]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def train(
+    ctx: StepContext, run: str, gpu: Overrides, tiny: Overrides | None = None
+) -> tuple[list[str], list[str] | None]:
+    """`python -m app.train` with the GPU settings, and its dry-run twin with the tiny ones
+    laid over them (None: the command needs a GPU). Both write to the same run dir."""
+    common = {**QUIET, "hydra.run.dir": run_dir(ctx, run)}
+    gpu_argv = ctx.py("-m", "app.train", *args({**gpu, **common}))
+    if tiny is None:
+        return gpu_argv, None
+    return gpu_argv, ctx.py("-m", "app.train", *args({**gpu, **tiny, **common}))
+
+
+def run_dir(ctx: StepContext, run: str) -> Path:
+    return ctx.dir / run
+
+
+def log_of(ctx: StepContext, label: str) -> Path:
+    rec = next(c for c in ctx.rec.commands if c.label == label)
+    if rec.log is None:
+        raise FileNotFoundError(f"{label} wrote no log")
+    return ctx.suite.out / rec.log
+
+
+def run_figures(ctx: StepContext, s: dict[str, Any], prefix: str = "") -> None:
+    """The figures every run reports, from its summary.json."""
+    keys = (
+        "status", "steps", "preset", "device_name", "dtype", "precision_reason",
+        "micro_batch_size", "grad_accum_steps", "effective_batch_size", "batch_source",
+        "initial_val_loss", "final_val_loss", "tokens_per_sec", "mfu",
+        "peak_memory_fraction", "wall_time_s",
+    )  # fmt: skip
+    for key in keys:
+        if key in s:
+            ctx.figure(prefix + key, s[key])
+    if s.get("peak_memory_bytes"):
+        ctx.figure(prefix + "peak_memory_gib", round(s["peak_memory_bytes"] / 2**30, 2))
+
+
+def completed(ctx: StepContext, s: dict[str, Any], what: str) -> bool:
+    return ctx.check(f"{what}: status completed", s.get("status") == "completed", s.get("status"))
+
+
+def loss_fell(ctx: StepContext, s: dict[str, Any], what: str) -> bool:
+    ok, detail = readers.loss_fell(s)
+    return ctx.check(f"{what}: validation loss fell", ok, detail)

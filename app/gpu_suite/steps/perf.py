@@ -1,0 +1,116 @@
+"""Steps 3 and 9: GPT-2 small through the bench (eager and compiled, against the bare loop
+and the transformers Trainer), and the NLI DeBERTa experiment's throughput."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.gpu_suite import readers
+from app.gpu_suite.context import StepContext
+from app.gpu_suite.steps.common import LEAN, completed, run_figures, train
+
+MFU_GOAL = 0.40  # compiled GPT-2 small on an H100 (issue 22)
+# Compiling each contender takes about a minute on the card; eager runs take seconds.
+BENCH_LIMITS = {"eager": 120.0, "compile": 330.0}
+
+
+def bench(ctx: StepContext) -> None:
+    for variant, limit in BENCH_LIMITS.items():
+        path = ctx.dir / f"{variant}.json"
+        gpu = ctx.py("-m", "app.bench", "--profile", "gpt2_small", "--rounds", "1")
+        gpu += ["--variants", variant, "--json", str(path)]
+        dry = None
+        if variant == "eager":  # the bench's smallest profile on the CPU: the same report
+            dry = ctx.py("-m", "app.bench", "--profile", "smoke", "--rounds", "1")
+            dry += ["--json", str(path)]
+        rec = ctx.sh(f"bench {variant}", gpu, dry=dry, limit_s=limit)
+        if rec.status == "ok":
+            with ctx.reading(f"bench {variant} JSON"):
+                bench_figures(ctx, readers.bench_rows(path))
+    if not ctx.dry:
+        with ctx.reading("bench goals"):
+            bench_goals(ctx)
+
+
+def bench_figures(ctx: StepContext, rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        name = f"{r['variant']} {r['contender']}"
+        ctx.figure(f"{name} tokens/s", r.get("tokens_per_sec"))
+        ctx.figure(f"{name} MFU", r.get("mfu"))
+        peak = r.get("peak_memory_bytes")
+        ctx.figure(f"{name} peak memory GiB", round(peak / 2**30, 2) if peak else None)
+        ctx.figure(f"{name} vs bare", r.get("speed_ratio"))
+        ctx.check(f"{name} ran", bool(r.get("runs_ok")), f"runs_ok={r.get('runs_ok')}")
+
+
+def bench_goals(ctx: StepContext) -> None:
+    f = ctx.rec.figures
+    mfu, ours, hf = (
+        f.get(f"compile {c}") for c in ("trainer MFU", "trainer tokens/s", "hf tokens/s")
+    )
+    on_h100 = "H100" in ctx.suite.device
+    if on_h100:
+        ctx.check(
+            f"compiled trainer MFU >= {MFU_GOAL:.0%} (H100)",
+            (mfu or 0) >= MFU_GOAL,
+            f"{mfu}",
+            goal=True,
+        )
+    ahead = ours is not None and hf is not None and ours >= hf
+    ctx.check(
+        "compiled trainer ahead of the transformers Trainer", ahead, f"{ours} vs {hf}", goal=True
+    )
+
+
+# DeBERTa-v3-base's shape without its weights (none on a machine without a network): 12
+# layers, width 768, 12 heads, 3072 FFN, 512 positions, 128k vocabulary, relative attention.
+DEBERTA_BASE = {
+    "experiment": "nli_deberta",
+    "model": "tiny_deberta",
+    "data": "tiny_nli",
+    "model.n_layer": 12,
+    "model.n_head": 12,
+    "model.n_embd": 768,
+    "model.intermediate_size": 3072,
+    "model.max_position_embeddings": 512,
+    "model.vocab_size": 128100,
+    "training.max_steps": 100,
+    "training.eval_every": 100,
+    "training.eval_samples": 512,
+    "training.log_every": 10,
+    "training.warmup_steps": 10,
+    **LEAN,
+}
+DEBERTA_TINY = {
+    "model.n_layer": 1,
+    "model.n_head": 2,
+    "model.n_embd": 32,
+    "model.intermediate_size": 64,
+    "model.max_position_embeddings": 128,
+    "model.vocab_size": "null",
+    "data.builtin_num_docs": 600,
+    "data.max_length": 64,
+    "training.effective_batch_size": 8,
+    "training.max_steps": 4,
+    "training.eval_every": 4,
+    "training.eval_samples": 16,
+    "training.log_every": 1,
+    "training.warmup_steps": 1,
+}
+
+
+def deberta(ctx: StepContext) -> None:
+    gpu, dry = train(ctx, "run", DEBERTA_BASE, DEBERTA_TINY)
+    rec = ctx.sh("nli_deberta", gpu, dry=dry, limit_s=130)
+    if rec.status != "ok":
+        return
+    with ctx.reading("the run"):
+        run = ctx.dir / "run"
+        s = readers.summary(run)
+        run_figures(ctx, s)
+        ctx.figure("final_val_accuracy", s.get("final_val_accuracy"))
+        rate = readers.median(readers.series(readers.metrics(run), "train/samples_per_sec"))
+        ctx.figure("samples/s (median of log windows)", rate)
+        completed(ctx, s, "run")
+        want = DEBERTA_TINY["training.max_steps"] if ctx.dry else DEBERTA_BASE["training.max_steps"]
+        ctx.check("trained every step", s.get("steps") == want, f"{s.get('steps')} of {want}")
