@@ -18,17 +18,15 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from app.config.compose import one_line
 from app.config.hpo import HpoConfig
+from app.config.jobs import check_job_config, task_of
 from app.core.errors import ConfigError, first_line
 from app.core.outcomes import Status, status_of
 from app.core.preemption import StopRequest, stop_on_signals
 from app.core.redact import MASK, URL_PASSWORD, mask_url_passwords
-
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
 
 __all__ = [
     "MASK",
@@ -50,6 +48,7 @@ __all__ = [
     "one_line",
     "status_of",
     "stop_on_signals",
+    "task_of",
 ]
 
 # summary.json keys every run writes that a study may optimize, and which way is better. The
@@ -78,6 +77,12 @@ class TrialAttrs:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_user_attrs(cls, attrs: dict[str, Any]) -> TrialAttrs:
+        """A trial's user attributes read back (others, the sweeper's own, left out)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in attrs.items() if k in names})
+
 
 class Reporter(Protocol):
     def report(self, step: int, metrics: dict[str, float]) -> bool:
@@ -104,7 +109,8 @@ def build_reporter(hpo: HpoConfig | Any | None, config: Any) -> Reporter:
         return NullReporter()
     module, _, name = str(path).rpartition(".")
     factory = getattr(importlib.import_module(module), name)
-    return factory(config)  # type: ignore[no-any-return]
+    reporter: Reporter = factory(config)
+    return reporter
 
 
 @dataclass(frozen=True)
@@ -115,26 +121,14 @@ class Objectives:
     reported: dict[str, str]  # metric reported at each evaluation -> minimize | maximize
 
 
-def objectives(cfg: DictConfig) -> Objectives | None:
-    """The objectives of a run of the composed job config `cfg`; None when it is not a training
-    run's config (a sweep of another app through this sweeper)."""
-    task_cfg = cfg.get("task")
-    if task_cfg is None:
+def objectives(task: str | None) -> Objectives | None:
+    """The objectives of a run of `task` (task_of a job config); None for no task (a sweep of
+    another app through this sweeper)."""
+    if task is None:
         return None
     from app.components.tasks import TASKS
 
-    metrics = TASKS.get(str(task_cfg.name)).metrics
+    metrics = TASKS.get(task).metrics
     final = {m.final: m.direction for m in metrics}
     reported = {**{m.reported: m.direction for m in metrics}, **final}
     return Objectives(final={**final, **RUN_METRICS}, reported=reported)
-
-
-def check_job_config(cfg: DictConfig) -> None:
-    """A training job's config through the app's own checks (ConfigError); any other app's
-    config passes untouched."""
-    from omegaconf import OmegaConf
-
-    from app.config.schema import TrainConfig, load_config
-
-    if OmegaConf.get_type(cfg) is TrainConfig:
-        load_config(cfg)

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 import app.components.data.loader as loader_mod
+import app.components.data.tokenizers as tokenizers_mod
 import app.components.data.tokens as data_mod
 from app.components.data.corpus import generate_corpus
+from app.components.data.documents import split_documents
 from app.components.data.loader import (
     StepDataset,
     make_step_loader,
@@ -16,12 +18,9 @@ from app.components.data.loader import (
     step_sample_indices,
     val_batches,
 )
-from app.components.data.tokens import (
-    load_token_data,
-    load_tokenizer,
-    split_documents,
-    tokenize_documents,
-)
+from app.components.data.rows import expand_paths
+from app.components.data.tokenizers import load_tokenizer, tokenize_documents
+from app.components.data.tokens import load_token_data
 from app.config import ConfigError, DataConfig
 from app.engine.batch.plan import rank_slice
 from tests.conftest import resolved
@@ -219,31 +218,29 @@ def test_trained_bpe_round_trips_and_is_cached(tmp_path, monkeypatch):
     bpe_files = list((tmp_path / "cache").glob("bpe-*.json"))
     assert len(bpe_files) == 1
 
-    tok = load_tokenizer(cfg, files=data_mod.expand_paths(list(cfg.paths)))
+    tok = load_tokenizer(cfg, files=expand_paths(list(cfg.paths)))
     text = "the quick brown fox: ünïcödé, never seen 🦊!"
     (ids,) = tok.encode_batch([text])
     assert tok.decode(ids) == text
 
     # A second tokenizer load must come from the cache, not train again.
-    monkeypatch.setattr(data_mod, "_train_bpe", lambda *a: pytest.fail("BPE trained again"))
-    assert load_tokenizer(cfg, files=data_mod.expand_paths(list(cfg.paths))).encode_batch(
-        [text]
-    ) == [ids]
+    monkeypatch.setattr(tokenizers_mod, "_train_bpe", lambda *a: pytest.fail("BPE trained again"))
+    assert load_tokenizer(cfg, files=expand_paths(list(cfg.paths))).encode_batch([text]) == [ids]
 
 
 def test_pretrained_tokenizer_from_local_dir(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
-    bpe = data_mod._train_bpe(generate_corpus(300, seed=0), 300)
+    bpe = tokenizers_mod._train_bpe(generate_corpus(300, seed=0), 300)
     tok_dir = tmp_path / "tok"
-    PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=data_mod.BPE_EOS).save_pretrained(
+    PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=tokenizers_mod.BPE_EOS).save_pretrained(
         tok_dir
     )
 
     cfg = make_cfg(tmp_path, tokenizer=str(tok_dir))
     d = load_token_data(cfg)
     assert d.tokenizer_name == str(tok_dir) and d.vocab_size == bpe.get_vocab_size()
-    eos = bpe.token_to_id(data_mod.BPE_EOS)
+    eos = bpe.token_to_id(tokenizers_mod.BPE_EOS)
     assert (d.train == eos).any()  # documents are separated by the tokenizer's EOS
 
 

@@ -218,8 +218,8 @@ def test_an_unreachable_mlflow_server_is_one_line_within_seconds(tmp_path, monke
     import os
     import time
 
-    from app.components.tracking import build_sinks
     from app.components.tracking.mlflow_sink import HTTP_LIMITS
+    from app.components.tracking.sinks import build_sinks
     from app.config import ConfigError
 
     for name in HTTP_LIMITS:

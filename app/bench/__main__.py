@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from app.bench import __doc__ as package_doc
 from app.bench.hpo import hpo_table, run_hpo_bench
@@ -21,12 +22,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(Path(args.worker))
+    report: dict[str, Any]
     if args.startup:
-        report = {"machine": machine_info(), "startup": measure_startup(args.startup_runs)}
-        print(startup_table(report["startup"]))
+        startup = measure_startup(args.startup_runs)
+        report = {"machine": machine_info(), "startup": startup}
+        print(startup_table(startup))
     elif args.adamw:
-        report = {"machine": machine_info(), "adamw": adamw_step_times(args.rounds)}
-        print(adamw_table(report["adamw"]))
+        adamw = adamw_step_times(args.rounds)
+        report = {"machine": machine_info(), "adamw": adamw}
+        print(adamw_table(adamw))
     elif args.hpo:
         report = {"machine": machine_info(), **run_hpo_bench(args.overrides)}
         print(hpo_table(report))

@@ -23,8 +23,9 @@ class StepClock:
         self.start_time, self.warmup, self.total, self.device = start_time, warmup, total, device
         self.baton = baton
         self.done = 0
-        self.first_step_s = self.t_warm = self.t_end = None
-        self.peak: tuple[int, str] | None = None
+        self.first_step_s: float | None = None
+        self.t_warm = self.t_end = 0.0  # perf_counter at the end of the warm-up and the last step
+        self.peak: tuple[int, str] = (0, "none")
         self.ready_s: float | None = None  # lockstep: launch to ready for the first step
         self.t_go = 0.0
         self.turn_seconds = 0.0  # lockstep: the measured steps' turns
@@ -65,7 +66,7 @@ class StepClock:
         _sync(self.device)
         seconds = time.perf_counter() - self.t_go
         if self.done == 1:
-            self.first_step_s = self.ready_s + seconds
+            self.first_step_s = (self.ready_s or 0.0) + seconds
         if self.done > self.warmup:
             self.turn_seconds += seconds
         if self.done == self.total:
@@ -73,6 +74,7 @@ class StepClock:
         self._pass_baton()  # after the last step: wait to be released, so finishing disturbs none
 
     def _pass_baton(self) -> None:
+        assert self.baton is not None
         self.baton.pass_()
         self.t_go = time.perf_counter()
 

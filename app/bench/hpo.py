@@ -143,18 +143,22 @@ def run_study(overrides: list[str]) -> dict[str, Any]:
 
 
 def trial_row(t: Any) -> dict[str, Any]:
-    summary = json.loads(Path(t.user_attrs["run_dir"], "summary.json").read_text())
+    from app.engine.summary import Summary
+
+    summary = Summary.from_json(
+        json.loads(Path(t.user_attrs["run_dir"], "summary.json").read_text())
+    )
     seconds = (t.datetime_complete - t.datetime_start).total_seconds()
     return {
         "number": t.number,
         "state": t.state.name,
         "value": t.value,
         "params": t.params,
-        "steps": summary["steps"],
-        "batch_source": summary.get("batch_source"),
+        "steps": summary.steps,
+        "batch_source": summary.batch_source,
         "seconds": seconds,
-        "train_share": summary.get("train_time_s", 0.0) / seconds,
-        "eval_s": summary.get("eval_time_s"),
+        "train_share": summary.train_time_s / seconds,
+        "eval_s": summary.eval_time_s,
         "curve": sorted(t.intermediate_values.items()),
     }
 

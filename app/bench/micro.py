@@ -39,8 +39,10 @@ def adamw_step_times(rounds: int) -> list[dict[str, Any]]:
         times: dict[str, list[float]] = {"forloop": [], "foreach": [], "fused": []}
         for _ in range(rounds):
             for impl, samples in times.items():
-                kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
-                opt = torch.optim.AdamW(params, lr=1e-4, **kwargs)
+                if impl == "fused":
+                    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+                else:
+                    opt = torch.optim.AdamW(params, lr=1e-4, foreach=impl == "foreach")
                 opt.step()  # allocates the state outside the timing
                 t0 = time.perf_counter()
                 for _ in range(reps):

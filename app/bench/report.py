@@ -139,7 +139,7 @@ def ablation_table(report: dict[str, Any]) -> str:
 
 def _preamble(report: dict[str, Any]) -> str:
     m = report["machine"]
-    first = next((r for r in report["rows"] if r.get("runs_ok")), {})
+    first: dict[str, Any] = next((r for r in report["rows"] if r.get("runs_ok")), {})
     if first.get("unit") == "samples":
         work = (
             f"{first['samples_per_step']} samples per step "

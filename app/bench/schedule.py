@@ -104,7 +104,7 @@ def run_rounds(
     warmup, steps = args.warmup or prof["warmup"], args.steps or prof["steps"]
     for rnd in range(args.rounds):
         if _lockstep(args, prof):
-            done = {}
+            done: dict[tuple[str, str], dict[str, Any]] = {}
             for group in dict.fromkeys(k[0] for k in keys):  # ratios are within a group
                 done |= run_lockstep(
                     {k: arms[k] for k in keys if k[0] == group}, prof, warmup, steps

@@ -154,9 +154,9 @@ def run_settings(checkpoint: Path, state: TrainState) -> RunSettings:
     from omegaconf import OmegaConf
 
     import app.config.schema  # noqa: F401 (its resolvers: a .hydra/ config may hold them)
-    from app.engine.start_checks import saved_run_config
+    from app.config.recorded import saved_run_config
 
-    saved = saved_run_config(checkpoint, state)
+    saved = saved_run_config(checkpoint, state.config)
     if saved is None:
         raise ExportError(
             f"{checkpoint} records no config and its run directory has no .hydra/config.yaml: "

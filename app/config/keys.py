@@ -18,7 +18,7 @@ def check_known_keys(cfg: DictConfig, path: str = "") -> None:
     )
     # resolve=False: values may be interpolations that only resolve at run time.
     for key, child in cfg.items_ex(resolve=False):
-        full = f"{path}{key}"
+        full = f"{path}{key!s}"
         if fields is not None and key not in fields:
             parent = path.rstrip(".")
             where = f" in {parent}" if parent else ""

@@ -39,6 +39,8 @@ class Bound:
             return kind
         if self.high == INF:
             return f"{kind} {'>' if self.low_open else '>='} {_num(self.low)}"
+        if self.low == -INF:
+            return f"{kind} {'<' if self.high_open else '<='} {_num(self.high)}"
         left = "(" if self.low_open else "["
         right = ")" if self.high_open else "]"
         return f"{kind} in {left}{_num(self.low)}, {_num(self.high)}{right}"

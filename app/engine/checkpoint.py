@@ -61,8 +61,8 @@ def checkpoint_path(directory: Path, step: int) -> Path:
 def list_checkpoints(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if _NAME.match(p.name)]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+    steps = {p: m.group(1) for p in directory.iterdir() if (m := _NAME.match(p.name))}
+    return sorted(steps, key=lambda p: int(steps[p]))
 
 
 def save_checkpoint(directory: Path, step: int, state: TrainState, keep: int) -> Path:

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
+from app.components.data.loader import rank_slice
 from app.components.hardware.precision import autocast
 from app.components.tasks.base import move
 from app.core.outcomes import Diverged, Pruned
-from app.engine.batch.plan import rank_slice
 from app.engine.distributed import all_reduce_sum, unwrap_ddp
 from app.engine.recovery import release_after_oom, shrink_eval_micro_batch, shrink_micro_batch
 from app.engine.run import Run

@@ -183,7 +183,9 @@ def save_run_tokenizer(tokenizer: Any | None, run_dir: Path) -> str | None:
     from app.components.data.hf_tokenizer import fingerprint
     from app.core.outcomes import WriteFailed
 
-    found = None if tokenizer is None else fingerprint(tokenizer)
+    if tokenizer is None:
+        return None
+    found = fingerprint(tokenizer)
     directory = run_dir / TOKENIZER_DIR
     if found is None or saved_fingerprint(directory) == found:
         return found

@@ -143,12 +143,13 @@ def log_window(
     run: Run, done: int, window: Window, meter: Throughput, summary: Summary, bar: Any
 ) -> None:
     """The window's figures to the logs and the progress bar (the window's one host sync)."""
+    assert window.grad_norm is not None  # a log point follows at least one step
     train_loss = window.loss.item() / max(window.units, 1)  # the window's host sync
     if not math.isfinite(train_loss):
         raise Diverged(f"train loss is {train_loss} at step {done}")
     metrics: dict[str, float | None] = {
         "train/loss": train_loss,
-        "train/learning_rate": run.scheduler.get_last_lr()[0],
+        "train/learning_rate": float(run.scheduler.get_last_lr()[0]),
         "train/grad_norm": float(window.grad_norm),
         "train/micro_batch_size": float(run.plan.micro_batch_size),
         "train/grad_accum_steps": float(run.plan.grad_accum_steps),

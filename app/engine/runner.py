@@ -6,14 +6,14 @@ from __future__ import annotations
 import gc
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from app.components.hardware.cuda_alloc import apply_expandable_segments
-from app.components.hardware.devices import detect_device, effective_preset
+from app.components.hardware.devices import DeviceInfo, detect_device, effective_preset
 from app.components.hardware.host_malloc import apply_host_malloc
 from app.components.hardware.precision import apply_precision_flags, resolve_precision
 from app.components.models.pretrained_dir import tokenizer_warning
@@ -22,7 +22,7 @@ from app.components.optim import OPTIMIZERS
 from app.components.schedule import build_scheduler
 from app.components.tasks import build_task
 from app.components.tasks.base import Task, TaskData
-from app.components.tracking import build_sinks
+from app.components.tracking.sinks import build_sinks
 from app.config.schema import TrainConfig
 from app.core import run_dir_guard
 from app.core.errors import ConfigError, first_line
@@ -33,7 +33,13 @@ from app.engine.batch.cache import ProbeSetup
 from app.engine.batch.faults import FaultInjector
 from app.engine.batch.plan import BatchPlan, eval_micro_size, fixed_plan
 from app.engine.batch.probe import auto_plan, oom_listener
-from app.engine.distributed import init_distributed, shared_run_dir, shutdown, wrap_ddp
+from app.engine.distributed import (
+    DistInfo,
+    init_distributed,
+    shared_run_dir,
+    shutdown,
+    wrap_ddp,
+)
 from app.engine.loop import train
 from app.engine.report import (
     closing_line,
@@ -72,16 +78,9 @@ def run_training(
         resume_from = check_start(config, run_dir, device.type, device.total_memory_bytes)
     except AlreadyComplete as done:
         return already_complete(done, run_dir, config, dist.is_main, lambda: shutdown(dist))
-    preset = effective_preset(config.gpu, device)
-    precision = resolve_precision(config.precision.name, device, preset)
-    warning = tokenizer_warning(config.model, config.data) if not _from_config(config) else None
-    machine = Machine(device, preset, precision, dist, [*device.warnings, *filter(None, [warning])])
+    machine = resolve_machine(config, device, dist)
     state = ckpt.load_checkpoint(resume_from) if resume_from else None  # fail before work
-    apply_precision_flags(precision)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
-        torch.cuda.reset_peak_memory_stats(device.torch_device)
-    torch.manual_seed(t.seed)
+    prepare_torch(machine, t.seed)
     if observers is None:
         observers = Observers(reporter=build_reporter(config.hpo, config))
     summary = Summary(run_dir=str(run_dir))
@@ -89,25 +88,48 @@ def run_training(
     try:
         with stop_on_signals(observers.stop):
             run = build_run(config, machine, run_dir, state, observers, task)
-            describe_run(summary, run, machine, config)
-            print_banner(summary, run, machine, config)
-            run_dir_guard.disarm()  # from here on, what the run writes is its own
-            train(run, summary)
-            if t.export and dist.is_main:
-                summary.export_dir = str(export(run, config, run_dir))
+            train_and_export(run, summary, machine, config)
         summary.status = Status.COMPLETED.value
-    except ConfigError:
-        summary.status = Status.NOT_STARTED.value  # a setting: nothing ran, nothing is written
-        raise
-    except RunOutcome as exc:
-        summary.status, summary.error = Status(exc.status).value, str(exc)
-        raise
     except BaseException as exc:
-        summary.status, summary.error = Status.FAILED.value, f"{type(exc).__name__}: {exc}"
+        summary.status, summary.error = ended_by(exc)
         raise
     finally:
         finish(run, summary, started, machine, observers)
     return summary
+
+
+def resolve_machine(config: TrainConfig, device: DeviceInfo, dist: DistInfo) -> Machine:
+    """The preset that applies to the device, the precision resolved for it, the warnings."""
+    preset = effective_preset(config.gpu, device)
+    precision = resolve_precision(config.precision.name, device, preset)
+    warning = tokenizer_warning(config.model, config.data) if not _from_config(config) else None
+    return Machine(device, preset, precision, dist, [*device.warnings, *filter(None, [warning])])
+
+
+def prepare_torch(machine: Machine, seed: int) -> None:
+    apply_precision_flags(machine.precision)
+    if machine.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.cuda.reset_peak_memory_stats(machine.torch_device)
+    torch.manual_seed(seed)
+
+
+def train_and_export(run: Run, summary: Summary, machine: Machine, config: TrainConfig) -> None:
+    describe_run(summary, run, machine, config)
+    print_banner(summary, run, machine, config)
+    run_dir_guard.disarm()  # from here on, what the run writes is its own
+    train(run, summary)
+    if config.training.export and machine.dist.is_main:
+        summary.export_dir = str(export(run, config, run.run_dir))
+
+
+def ended_by(exc: BaseException) -> tuple[str, str | None]:
+    """(status, error) of a run that an exception ended."""
+    if isinstance(exc, ConfigError):
+        return Status.NOT_STARTED.value, None  # a setting: nothing ran, nothing is written
+    if isinstance(exc, RunOutcome):
+        return Status(exc.status).value, str(exc)
+    return Status.FAILED.value, f"{type(exc).__name__}: {exc}"
 
 
 def _from_config(config: TrainConfig) -> bool:
@@ -255,7 +277,7 @@ def choose_plan(setup: ProbeSetup, model: torch.nn.Module, data: TaskData) -> Ba
 
 def step_loader(
     config: TrainConfig, machine: Machine, data: TaskData, plan: BatchPlan, start_step: int
-) -> Iterator[Any]:
+) -> Iterable[Any]:
     from app.components.data.loader import StepDataset, make_step_loader, resolve_num_workers
 
     d, dist = config.data, machine.dist

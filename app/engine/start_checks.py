@@ -23,12 +23,12 @@ from app.components.models.pretrained_dir import looks_local
 from app.components.optim import OPTIMIZERS
 from app.components.tasks import build_task
 from app.components.tasks.base import Task
-from app.components.tracking import check_trackers
+from app.components.tracking.sinks import check_trackers
+from app.config.recorded import saved_run_config
 from app.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from app.config.schema import TrainConfig
-    from app.engine.checkpoint import TrainState
 
 GIB = 2**30
 # One optimizer step's token ids live on the host (and a few more in the loader's prefetch).
@@ -179,7 +179,7 @@ def resume_checkpoint(config: TrainConfig, run_dir: Path) -> Path | None:
     if found is None:
         return None
     state = ckpt.load_checkpoint(found, mmap=True)
-    check_resume_matches(config, found, saved_run_config(found, state))
+    check_resume_matches(config, found, saved_run_config(found, state.config))
     if int(state.step) >= t.max_steps:
         raise AlreadyComplete(
             f"{found} is at step {int(state.step)} of training.max_steps={t.max_steps}: the run "
@@ -222,19 +222,3 @@ def _select(tree: dict[str, Any], dotted: str) -> Any:
             return None
         node = node[part]
     return node
-
-
-def saved_run_config(checkpoint: Path, state: TrainState) -> dict[str, Any] | None:
-    """The config the checkpoint was trained with: stored in it, else its run's .hydra/."""
-    if isinstance(state.config, dict):
-        return state.config
-    hydra_cfg = checkpoint.parent.parent / ".hydra" / "config.yaml"
-    if hydra_cfg.is_file():
-        from omegaconf import OmegaConf
-
-        try:
-            loaded = OmegaConf.to_container(OmegaConf.load(hydra_cfg), resolve=False)
-        except Exception:
-            return None
-        return loaded if isinstance(loaded, dict) else None
-    return None

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from app.hpo import ConfigError, check_job_config, objectives, one_line
+from app.hpo import ConfigError, check_job_config, objectives, one_line, task_of
 
 from ._errors import SweepConfigError
 from ._settings import SweepSettings
@@ -60,7 +60,7 @@ def check_objectives(cfg: DictConfig, s: SweepSettings) -> None:
     if s.metrics is None:  # the job's return value is the objective (stock)
         s.directions = [d or "minimize" for d in s.directions]
         return
-    known = objectives(cfg)
+    known = objectives(task_of(cfg))
     natural = known.final if known is not None else {}
     if known is not None:
         _one_of("hpo.metric", s.metrics, known.final, "a summary key a run writes")

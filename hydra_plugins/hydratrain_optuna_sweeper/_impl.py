@@ -12,7 +12,7 @@ import logging
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 from hydra.core.plugins import Plugins
@@ -132,7 +132,9 @@ class OptunaSweeperImpl(Sweeper):
 
     def _open_study(self, s: SweepSettings, sampler: Any, pruner: Any) -> optuna.Study:
         storage = open_storage(s.storage, self.mask)
-        directions = [str(d) for d in s.directions]
+        directions: list[Literal["minimize", "maximize"]] = [
+            "maximize" if d == "maximize" else "minimize" for d in s.directions
+        ]
         try:
             study = optuna.create_study(
                 study_name=s.study_name,

@@ -18,6 +18,8 @@ import optuna
 from omegaconf import OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
+from app.hpo import TrialAttrs
+
 from ._errors import NoTrialCompleted
 
 log = logging.getLogger(__name__)
@@ -114,9 +116,13 @@ class HParamsWriter:
         }
         if trial.intermediate_values:
             scores["hpo/last_reported"] = trial.intermediate_values[max(trial.intermediate_values)]
-        for key in ("tokens_per_sec", "peak_memory_bytes", "micro_batch_size"):
-            if isinstance(trial.user_attrs.get(key), int | float):
-                scores[f"trial/{key}"] = float(trial.user_attrs[key])
+        attrs = TrialAttrs.from_user_attrs(trial.user_attrs)
+        figures = {
+            "tokens_per_sec": attrs.tokens_per_sec,
+            "peak_memory_bytes": attrs.peak_memory_bytes,
+            "micro_batch_size": attrs.micro_batch_size,
+        }
+        scores.update({f"trial/{k}": float(v) for k, v in figures.items() if v is not None})
         self._writer.add_hparams(hparams, scores, run_name=f"trial_{trial.number:04d}")
         self._writer.flush()
 

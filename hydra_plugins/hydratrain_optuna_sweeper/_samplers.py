@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
@@ -157,7 +157,7 @@ def _sampler_class(target: str, key: str) -> type:
 
 
 def _parameters(cls: type) -> dict[str, inspect.Parameter]:
-    return dict(inspect.signature(cls.__init__).parameters)
+    return dict(inspect.signature(cls).parameters)
 
 
 def _effective(cls: type, kwargs: dict[str, Any], key: str) -> dict[str, Any]:
@@ -232,11 +232,12 @@ def build_pruner(
 ) -> Any:
     if n_objectives > 1 or name == "none":  # Optuna cannot prune multi-objective trials
         return optuna.pruners.NopPruner()
-    cls = {
+    pruners: dict[str, Callable[..., optuna.pruners.BasePruner]] = {
         "median": optuna.pruners.MedianPruner,
         "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
         "hyperband": optuna.pruners.HyperbandPruner,
-    }[name]
+    }
+    cls = pruners[name]
     try:
         return cls(**{**pruner_defaults(name, schedule, args), **args})
     except (TypeError, ValueError) as e:  # an unknown argument, or a value Optuna refuses

@@ -142,9 +142,13 @@ class SweepSettings:
 
 
 def read_hpo(node: Any) -> HpoConfig | None:
-    """`hpo.*` resolved and typed by its schema, so a misspelled key is one line."""
-    if node is None:
-        return None
+    """`hpo.*` resolved and typed by its schema, so a misspelled key is one line; None when
+    the config has no hpo node (a sweep of the stock surface alone)."""
+    return None if node is None else typed_hpo(node)
+
+
+def typed_hpo(node: Any) -> HpoConfig:
+    """An hpo node (a DictConfig or a mapping) typed by HpoConfig, its defaults filled in."""
     try:
         plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
         merged = OmegaConf.merge(OmegaConf.structured(HpoConfig), plain)
@@ -172,7 +176,7 @@ def read_settings(stock: StockKeys, hpo_node: Any, sweep_dir: str) -> SweepSetti
     from ._samplers import sampler_node
 
     hpo = read_hpo(hpo_node)
-    h = hpo or read_hpo({})  # the defaults, normalized as a node would be
+    h = hpo or typed_hpo({})  # the defaults, normalized as a node would be
     n_trials, n_trials_key = stock.pick("n_trials", h.n_trials, "hpo.n_trials")
     direction, direction_key = stock.pick("direction", h.direction, "hpo.direction")
     space_fn, space_fn_key = stock.pick(

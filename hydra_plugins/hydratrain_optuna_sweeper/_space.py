@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import (
@@ -29,6 +29,7 @@ from hydra.errors import HydraException
 from hydra.utils import get_method
 from optuna.distributions import (
     BaseDistribution,
+    CategoricalChoiceType,
     CategoricalDistribution,
     FloatDistribution,
     IntDistribution,
@@ -153,23 +154,29 @@ def _distribution(shown: str, override: Override) -> tuple[BaseDistribution, dic
 
 def _categorical(override: Override) -> tuple[CategoricalDistribution, dict[Any, str]]:
     values = list(override.sweep_iterator(transformer=Transformer.identity))
-    sampled = [Transformer.encode(v) for v in values]  # stock: lists and dicts as their text
+    # stock: lists and dicts are sampled as their text
+    sampled = [cast(CategoricalChoiceType, Transformer.encode(v)) for v in values]
     texts = {s: Transformer.str(v) for s, v in zip(sampled, values, strict=True)}
     return CategoricalDistribution(sampled), texts
 
 
 def _range(value: RangeSweep) -> BaseDistribution:
-    ends = (value.start, value.stop, value.step)
-    if any(isinstance(x, float) for x in ends):
-        return FloatDistribution(float(value.start), float(value.stop), step=float(value.step))
-    return IntDistribution(int(value.start), int(value.stop), step=int(value.step))
+    start, stop, step = value.start, value.stop, value.step
+    if start is None or stop is None:
+        raise ValueError("a range needs a start and a stop")
+    if any(isinstance(x, float) for x in (start, stop, step)):
+        return FloatDistribution(float(start), float(stop), step=float(step))
+    return IntDistribution(int(start), int(stop), step=int(step))
 
 
 def _interval(value: IntervalSweep) -> BaseDistribution:
     log = "log" in value.tags
-    if isinstance(value.start, int) and isinstance(value.end, int):
-        return IntDistribution(value.start, value.end, log=log)
-    return FloatDistribution(float(value.start), float(value.end), log=log)
+    start, end = value.start, value.end
+    if start is None or end is None:
+        raise ValueError("an interval needs both ends")
+    if isinstance(start, int) and isinstance(end, int):
+        return IntDistribution(start, end, log=log)
+    return FloatDistribution(float(start), float(end), log=log)
 
 
 def _grid_values(shown: str, dist: BaseDistribution) -> list[Any]:

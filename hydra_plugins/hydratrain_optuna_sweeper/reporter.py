@@ -119,17 +119,19 @@ def reporter_for_job(cfg: Any) -> Any:
 def _trial_from_storage(cfg: Any, storage: str, study_name: str, number: int) -> Any:
     """Rebuild the running trial in this process from the shared storage."""
     import optuna
+    from omegaconf import OmegaConf
 
     from . import _private as private
     from ._samplers import EvalSchedule, build_pruner
-    from ._settings import read_hpo
+    from ._settings import typed_hpo
     from ._storage import MEMORY, Masker, open_storage, storage_spec
 
     if storage == MEMORY:  # only the sweeper's process can reach it
         log.warning("trial %d: a study in memory takes no reports from another process", number)
         return None
     hpo = cfg.hpo  # typed by the app, or a DictConfig of another app's
-    settings = read_hpo(dataclasses.asdict(hpo) if dataclasses.is_dataclass(hpo) else hpo)
+    node = hpo if OmegaConf.is_config(hpo) else dataclasses.asdict(hpo)
+    settings = typed_hpo(node)
     spec = storage_spec(storage, "hpo.storage", ".", null_is_memory=False)
     store = open_storage(spec, Masker.of([storage]))
     # The sampler is never used here (the sweeper sampled already): random keeps it cheap.

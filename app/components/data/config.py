@@ -7,13 +7,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from app.core.fields import auto_or_count, bounded, count, one_of, positive_int
-
-
-def _sources() -> tuple[str, ...]:
-    from app.components.data.sources import SOURCES
-
-    return SOURCES.names()
+from app.core.fields import auto_or_count, bounded, count, positive_int
 
 
 @dataclass
@@ -21,7 +15,7 @@ class DataConfig:
     name: str = MISSING
     # builtin (the task's generated corpus) | text_files | synthetic (causal LM) | datasets
     # (files or a dataset through the `datasets` library): app/components/data/sources/
-    source: str = one_of("builtin", _sources)
+    source: str = "builtin"
     paths: list[str] = field(default_factory=list)  # files or globs (text_files, datasets)
     # byte | train | <local path or hub name>. The data groups default to the model's own
     # tokenizer for model=pretrained, else byte or train (app/config/schema.py model_tokenizer).

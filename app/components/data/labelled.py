@@ -148,8 +148,9 @@ def label_names(
     if given:
         return [str(n) for n in given]
     feature = features.get(data_cfg.label_column) if features is not None else None
-    if getattr(feature, "names", None):  # a ClassLabel
-        return list(feature.names)
+    names = getattr(feature, "names", None)  # a ClassLabel's
+    if names:
+        return list(names)
     values = [v for v in set(train[data_cfg.label_column]) if v != UNLABELLED]
     if all(isinstance(v, str) for v in values):
         return sorted(values)

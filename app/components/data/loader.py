@@ -20,13 +20,24 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from app.engine.batch.plan import rank_slice
-
 
 @functools.lru_cache(maxsize=2)
 def _epoch_permutation(num_blocks: int, seed: int, epoch: int) -> torch.Tensor:
     # Cached: consecutive steps mostly fall in the same epoch.
     return torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed + epoch))
+
+
+def rank_slice(n: int, rank: int, world_size: int) -> slice:
+    """Rank `rank`'s contiguous part of a step's n samples; part sizes differ by at most one."""
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
+
+
+def rank_share(total: int, world_size: int, rank: int) -> int:
+    """How many samples of one optimizer step rank `rank` processes."""
+    part = rank_slice(total, rank, world_size)
+    return part.stop - part.start
 
 
 def grouped_by_length(order: torch.Tensor, lengths: torch.Tensor, group: int) -> torch.Tensor:

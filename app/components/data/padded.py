@@ -32,10 +32,11 @@ class PairInputs:
         return len(self.lengths)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> PairInputs:
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, torch.long, non_blocking=non_blocking)
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, torch.long, non_blocking=non_blocking)
 
-        return PairInputs(move(self.input_ids), move(self.token_type_ids), move(self.lengths))
+        types = None if self.token_type_ids is None else move(self.token_type_ids)
+        return PairInputs(move(self.input_ids), types, move(self.lengths))
 
     def attention_mask(self) -> torch.Tensor:
         width = self.input_ids.shape[1]
@@ -105,6 +106,6 @@ def pad_rows(
     types = None if type_ids is None else torch.zeros((n, max_length), dtype=torch.int8)
     for i, row in enumerate(ids):
         input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
-        if types is not None:
+        if types is not None and type_ids is not None:
             types[i, : len(row)] = torch.tensor(type_ids[i], dtype=torch.int8)
     return PaddedRows(input_ids, types, lengths, torch.tensor(labels, dtype=torch.int64))

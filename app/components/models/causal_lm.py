@@ -21,7 +21,7 @@ def load_pretrained_lm(m: ModelConfig, tokenizer_vocab: int) -> torch.nn.Module:
 
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            m.path, attn_implementation=m.attn_implementation, dtype=torch.float32
+            m.checkpoint(), attn_implementation=m.attn_implementation, dtype=torch.float32
         )
     except (OSError, ValueError) as exc:
         raise ConfigError(

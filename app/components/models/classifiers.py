@@ -13,8 +13,8 @@ from app.core.errors import ConfigError, first_line
 if TYPE_CHECKING:
     import torch
 
+    from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
-    from app.components.tasks.base import TaskData
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,9 @@ def load_pretrained_classifier(m: ModelConfig, data: TaskData) -> torch.nn.Modul
         MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES as WITH_HEAD,
     )
 
+    path = m.checkpoint()
     try:
-        config = AutoConfig.from_pretrained(m.path, **label_mapping(data.info["labels"]))
+        config = AutoConfig.from_pretrained(path, **label_mapping(data.info["labels"]))
     except (OSError, ValueError) as exc:
         raise ConfigError(
             f"model.path={m.path!r} could not be loaded ({first_line(exc)})"
@@ -93,7 +94,7 @@ def load_pretrained_classifier(m: ModelConfig, data: TaskData) -> torch.nn.Modul
 
     def load(attn: str) -> torch.nn.Module:
         return AutoModelForSequenceClassification.from_pretrained(
-            m.path,
+            path,
             config=config,
             attn_implementation=attn,
             dtype=torch.float32,

@@ -6,22 +6,17 @@ from dataclasses import dataclass
 
 from omegaconf import MISSING
 
+from app.core.errors import ConfigError
 from app.core.fields import fraction, one_of, positive_int
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def _families() -> tuple[str, ...]:
-    from app.components.models.families import MODELS
-
-    return MODELS.names()
-
-
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    arch: str = one_of("gpt2", _families)  # a model family (app/components/models/families/)
+    arch: str = "gpt2"  # a model family (app/components/models/families/)
     path: str | None = None  # local checkpoint directory (arch=pretrained) or hub name
     vocab_size: int | None = positive_int(None, nullable=True)  # null: the tokenizer's
     n_layer: int = positive_int(2)
@@ -36,3 +31,9 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     compile: bool | None = None  # null: the gpu preset decides
     compile_mode: str = one_of("default", COMPILE_MODES)
+
+    def checkpoint(self) -> str:
+        """model.path, where a checkpoint is loaded from (required by the config's check)."""
+        if not self.path:
+            raise ConfigError(f"model.path is required when model.arch={self.arch}")
+        return self.path

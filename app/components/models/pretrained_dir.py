@@ -11,7 +11,7 @@ from app.core.errors import ConfigError, first_line
 if TYPE_CHECKING:
     from app.components.data.config import DataConfig
     from app.components.models.config import ModelConfig
-    from app.components.tasks.base import Task
+    from app.components.models.families import Task
 
 # Files of which any one makes a directory a tokenizer AutoTokenizer can load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -23,7 +23,7 @@ class ModelShape:
 
 
 def model_shape(model: torch.nn.Module) -> ModelShape:
-    config = model.config
+    config: Any = model.config  # a transformers PretrainedConfig
     seen: set[int] = set()
     n = 0
     for name, p in model.named_parameters():

@@ -17,8 +17,9 @@ def build(groups: list[dict[str, Any]], t: OptimizerSettings, args: Any) -> torc
 
     # Fused AdamW runs on CUDA and, since torch 2.4, on CPU, where it is ~4x faster than the
     # per-parameter loop torch otherwise picks (docs/benchmarks.md, `python -m app.bench --adamw`).
+    beta1, beta2 = t.betas
     return torch.optim.AdamW(
-        groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=fused(t) or None
+        groups, lr=t.lr, betas=(beta1, beta2), eps=t.eps, fused=fused(t) or None
     )
 
 

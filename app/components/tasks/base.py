@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from app.components.data.task_data import TaskData
 
 if TYPE_CHECKING:
     import torch
@@ -55,19 +57,6 @@ class Metric:
     def final(self) -> str:
         """Its summary.json key at the last evaluation (an hpo.metric)."""
         return f"final_val_{self.name}"
-
-
-@dataclass
-class TaskData:
-    """A task's data, built once per run: samples indexed by a LongTensor of sample indices."""
-
-    train: Any  # train[indices] -> a step batch
-    val: Any
-    vocab_size: int
-    tokenizer_name: str
-    pad_id: int | None = None
-    train_lengths: torch.Tensor | None = None  # per-sample lengths, for length-grouped sampling
-    info: dict[str, Any] = field(default_factory=dict)  # saved in summary.json (label names...)
 
 
 class Task(abc.ABC):

@@ -5,18 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.core.errors import ConfigError
-from app.core.fields import bounded, one_of
-
-
-def _tasks() -> tuple[str, ...]:
-    from app.components.tasks import TASKS
-
-    return TASKS.names()
+from app.core.fields import bounded
 
 
 @dataclass
 class TaskConfig:
-    name: str = one_of("causal_lm", _tasks)
+    name: str = "causal_lm"
     # classification training loss (evaluation: plain cross-entropy)
     label_smoothing: float = bounded(0.0, low=0.0, high=1.0, high_open=True)
     labels: list[str] | None = None  # classification: label names in id order; null: the data's

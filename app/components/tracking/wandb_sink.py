@@ -49,7 +49,7 @@ class WandbSink(Sink):
         self._run = wandb.init(
             project=cfg.project,
             entity=cfg.entity,
-            mode=cfg.mode,
+            mode=cfg.mode,  # type: ignore[arg-type]  # one of WANDB_MODES, checked
             dir=str(directory),
             name=cfg.name or run_name,
             group=cfg.group or group,

@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from app.components.data.loader import rank_share
 from app.core.errors import ConfigError
 
 
@@ -22,19 +23,6 @@ def split_sizes(total: int, max_micro: int) -> list[int]:
     count = math.ceil(total / max_micro)
     base, extra = divmod(total, count)
     return [base + 1] * extra + [base] * (count - extra)
-
-
-def rank_slice(n: int, rank: int, world_size: int) -> slice:
-    """Rank `rank`'s contiguous part of a step's n samples; part sizes differ by at most one."""
-    base, extra = divmod(n, world_size)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (rank < extra))
-
-
-def rank_share(total: int, world_size: int, rank: int) -> int:
-    """How many samples of one optimizer step rank `rank` processes."""
-    part = rank_slice(total, rank, world_size)
-    return part.stop - part.start
 
 
 # training.eval_micro_batch_size=auto: evaluation runs EVAL_FACTOR times the training

@@ -32,7 +32,7 @@ from app.engine import checkpoint as ckpt
 from app.engine.batch.cache import ProbeSetup, Trials, failed, fits_below_failure
 from app.engine.batch.choice import split_candidates
 from app.engine.batch.faults import FaultInjector
-from app.engine.batch.plan import BatchPlan, eval_micro_size
+from app.engine.batch.plan import EVAL_FACTOR, BatchPlan
 from app.engine.evaluation import eval_sums
 from app.engine.recovery import release_after_oom
 from app.engine.run import Run
@@ -168,8 +168,9 @@ class Probe:
     def eval_size(self, micro: int) -> int:
         """The evaluation micro-batch a training size must leave room for. An explicit size is
         the user's: not probed here (its OOM halves evaluation only, never the training size)."""
-        setting = self.setup.training.eval_micro_batch_size
-        return eval_micro_size(setting, micro) if setting == "auto" else micro
+        if self.setup.training.eval_micro_batch_size != "auto":
+            return micro
+        return EVAL_FACTOR * micro
 
     def _estimate(self, micro: int, steps: int) -> float:
         if self.last is None:

@@ -10,13 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.core.registry import Registry
 
 if TYPE_CHECKING:
     from app.components.data.config import DataConfig
-    from app.components.tasks.base import Task
+
+
+class Task(Protocol):
+    """What a data source asks of the task it serves (app/components/tasks)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def builtin_corpus(self) -> str: ...
+
+    @property
+    def builtin_columns(self) -> tuple[str, ...] | None: ...
+
+    def row_columns(self, data: DataConfig) -> list[tuple[str, str]]: ...
 
 
 def _nothing(*args: Any) -> None:

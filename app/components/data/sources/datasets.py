@@ -11,7 +11,7 @@ from app.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from app.components.data.config import DataConfig
-    from app.components.tasks.base import Task
+    from app.components.data.sources import Task
 
 
 def check(d: DataConfig, task: Task) -> None:

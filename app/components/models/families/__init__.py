@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.core.errors import ConfigError
 from app.core.registry import Registry
@@ -19,10 +19,28 @@ if TYPE_CHECKING:
     import torch
 
     from app.components.data.config import DataConfig
+    from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
-    from app.components.tasks.base import Task, TaskData
 
-Build = Callable[["ModelConfig", "TaskData", "Task"], "torch.nn.Module"]
+
+class Task(Protocol):
+    """What a model family asks of the task it builds a model for (app/components/tasks)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sequence_setting(self) -> str: ...
+
+    @property
+    def byte_vocab(self) -> int: ...
+
+    def sequence_length(self, data: DataConfig) -> int: ...
+
+    def load_pretrained(self, model: ModelConfig, data: TaskData) -> torch.nn.Module: ...
+
+
+Build = Callable[["ModelConfig", "TaskData", Task], "torch.nn.Module"]
 
 
 def _unknown(m: ModelConfig, vocab: int) -> int | None:

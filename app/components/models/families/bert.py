@@ -8,8 +8,9 @@ from app.components.models.classifiers import build_classifier, encoder_sizes
 from app.components.models.families import MODELS, ModelFamily
 
 if TYPE_CHECKING:
+    from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
-    from app.components.tasks.base import Task, TaskData
+    from app.components.models.families import Task
 
 
 def build(m: ModelConfig, data: TaskData, task: Task) -> Any:

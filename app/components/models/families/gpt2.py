@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any
 from app.components.models.families import MODELS, ModelFamily, causal_lm, model_vocab
 
 if TYPE_CHECKING:
+    from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
-    from app.components.tasks.base import Task, TaskData
+    from app.components.models.families import Task
 
 
 def parameters(m: ModelConfig, vocab: int) -> int:
@@ -19,7 +20,7 @@ def parameters(m: ModelConfig, vocab: int) -> int:
 
 
 def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM, GPT2Config
 
     config = GPT2Config(
         vocab_size=model_vocab(m, data.vocab_size),
@@ -33,9 +34,9 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
         attn_pdrop=m.dropout,
         bos_token_id=0,
         eos_token_id=0,
-        attn_implementation=m.attn_implementation,
     )
-    return causal_lm(GPT2LMHeadModel(config), m)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=m.attn_implementation)
+    return causal_lm(model, m)
 
 
 MODELS.add(ModelFamily("gpt2", tasks=("causal_lm",), build=build, parameters=parameters))

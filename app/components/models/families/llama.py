@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 from app.components.models.families import MODELS, ModelFamily, causal_lm, model_vocab
 
 if TYPE_CHECKING:
+    from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
-    from app.components.tasks.base import Task, TaskData
+    from app.components.models.families import Task
 
 
 def ffn_width(hidden: int) -> int:
@@ -27,7 +28,7 @@ def parameters(m: ModelConfig, vocab: int) -> int:
 
 
 def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(
         vocab_size=model_vocab(m, data.vocab_size),
@@ -42,9 +43,9 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
         eos_token_id=0,
         pad_token_id=None,
         tie_word_embeddings=True,
-        attn_implementation=m.attn_implementation,
     )
-    return causal_lm(LlamaForCausalLM(config), m)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=m.attn_implementation)
+    return causal_lm(model, m)
 
 
 MODELS.add(ModelFamily("llama", tasks=("causal_lm",), build=build, parameters=parameters))

@@ -9,8 +9,9 @@ from app.components.models.families import MODELS, ModelFamily
 from app.components.models.pretrained_dir import check_checkpoint
 
 if TYPE_CHECKING:
+    from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
-    from app.components.tasks.base import Task, TaskData
+    from app.components.models.families import Task
 
 
 def build(m: ModelConfig, data: TaskData, task: Task) -> Any:

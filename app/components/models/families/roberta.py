@@ -8,8 +8,9 @@ from app.components.models.classifiers import build_classifier, encoder_sizes
 from app.components.models.families import MODELS, ModelFamily
 
 if TYPE_CHECKING:
+    from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
-    from app.components.tasks.base import Task, TaskData
+    from app.components.models.families import Task
 
 
 def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
@@ -17,7 +18,8 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
 
     sizes = encoder_sizes(m, data)
     # RoBERTa's positions start after the padding index: room for max_length + 2.
-    sizes["max_position_embeddings"] = m.max_position_embeddings + data.pad_id + 1
+    pad = data.pad_id or 0  # classification data always has one (app/components/data/labelled.py)
+    sizes["max_position_embeddings"] = m.max_position_embeddings + pad + 1
     return build_classifier(
         "RobertaForSequenceClassification", RobertaConfig(type_vocab_size=1, **sizes), m
     )

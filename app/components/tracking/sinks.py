@@ -1,0 +1,58 @@
+"""The trackers a run's `tracking` config asks for: checked before any work, started as sinks."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.components.tracking import TRACKERS, Tracker
+from app.components.tracking.base import Sink
+from app.components.tracking.config import TrackingConfig
+from app.core.errors import ConfigError, first_line
+
+
+def installed(module: str) -> bool:
+    if module in sys.modules:  # None there means "import refused"
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
+
+
+def enabled(tracking: TrackingConfig) -> list[tuple[Tracker, Any]]:
+    """The trackers asked for, each with its config node."""
+    nodes = [(t, getattr(tracking, t.name)) for t in TRACKERS.all()]
+    return [(t, node) for t, node in nodes if node.enabled]
+
+
+def check_trackers(tracking: TrackingConfig) -> None:
+    """A tracker asked for whose library is missing: one line naming the setting and the extra."""
+    for tracker, node in enabled(tracking):
+        if not installed(tracker.module):
+            key, module, extra = tracker.name, tracker.module, tracker.extra
+            raise ConfigError(
+                f"tracking.{key}.enabled=true needs the {module} package, which is not installed; "
+                f'pip install "hydratrain[{extra}]" (in a checkout: pip install -e ".[{extra}]"), '
+                f"or tracking.{key}.enabled=false"
+            )
+        if tracker.check is not None:
+            tracker.check(node)
+
+
+def build_sinks(tracking: TrackingConfig, run_dir: Path, study: str | None) -> list[Sink]:
+    """TensorBoard and metrics.jsonl, then each tracker enabled. A tracker that cannot start (a
+    tracking URI MLflow refuses, W&B online without a login) is a ConfigError naming it."""
+    from app.components.tracking.local import default_sinks
+
+    sinks = default_sinks(run_dir)
+    name = "/".join(run_dir.parts[-2:])
+    for tracker, node in enabled(tracking):
+        try:
+            sinks.append(tracker.start(node, run_dir, name, study))
+        except Exception as exc:
+            for sink in sinks:
+                sink.close(None)
+            raise ConfigError(
+                f"tracking.{tracker.name}: could not start: {first_line(exc)}"
+            ) from exc
+    return sinks

@@ -1,0 +1,22 @@
+"""What the sweeper asks of a job config it composed: is it a training run's, and does it pass
+the app's checks. Re-exported by app/hpo.py, the sweeper's one seam."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from app.config.schema import TrainConfig, load_config
+
+
+def task_of(cfg: DictConfig) -> str | None:
+    """The task a composed job config trains; None when it is not a training run's config (a
+    sweep of another app through this sweeper)."""
+    task = cfg.get("task")
+    return None if task is None else str(task.name)
+
+
+def check_job_config(cfg: DictConfig) -> None:
+    """A training job's config through the app's own checks (ConfigError); any other app's
+    config passes untouched."""
+    if OmegaConf.get_type(cfg) is TrainConfig:
+        load_config(cfg)

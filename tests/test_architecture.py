@@ -1,0 +1,155 @@
+"""The shape of the code, checked: rooms of a readable size, arrows that point down, no circle,
+and the typed config below the entry. What the architecture promises (README, Layout) holds."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "app"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 50
+
+
+def modules() -> dict[str, Path]:
+    """Every module of app/ by its dotted name."""
+    found = {}
+    for path in sorted(APP.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def imported(path: Path) -> set[str]:
+    """The app modules a file imports, anywhere in it (functions and TYPE_CHECKING too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return {n for n in names if n == "app" or n.startswith("app.")}
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {m: {n for n in imported(p) if n in known and n != m} for m, p in known.items()}
+
+
+def package_of(module: str) -> str:
+    return module if module in PACKAGE_INITS else module.rpartition(".")[0]
+
+
+PACKAGE_INITS = {m for m, p in modules().items() if p.name == "__init__.py"}
+
+
+def test_modules_are_rooms_of_a_readable_size():
+    big = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > 400}
+    assert not big, big
+
+
+def test_functions_fit_on_a_screen_outside_the_benchmark():
+    long = []
+    for name, path in modules().items():
+        if name.startswith("app.bench"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name}: {length} lines")
+    assert not long, long
+
+
+def test_no_module_imports_itself_back():
+    g = graph()
+    seen: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        seen[m] = 1
+        for n in sorted(g[m]):
+            if seen.get(n) == 1:
+                cycle = [*path[path.index(n) :], n]
+                pytest.fail(f"import circle: {' -> '.join(cycle)}")
+            if n not in seen:
+                visit(n, [*path, n])
+        seen[m] = 2
+
+    for m in sorted(g):
+        if m not in seen:
+            visit(m, [m])
+
+
+@pytest.mark.parametrize(
+    ("layer", "forbidden"),
+    [
+        ("app.core", ("app.components", "app.config", "app.engine", "app.cli", "app.hpo")),
+        ("app.components", ("app.engine", "app.cli", "app.hpo", "app.train")),
+        ("app.engine", ("app.cli", "app.train")),
+        ("app.hpo", ("app.engine", "app.cli", "app.train")),
+    ],
+)
+def test_arrows_point_down(layer, forbidden):
+    """core <- components <- config <- hpo <- engine <- cli/train: no arrow runs back up."""
+    up = [
+        f"{m} -> {n}"
+        for m, targets in graph().items()
+        if m == layer or m.startswith(layer + ".")
+        for n in targets
+        if any(n == f or n.startswith(f + ".") for f in forbidden)
+    ]
+    assert not up, up
+
+
+def test_the_engine_and_the_components_import_neither_hydra_nor_optuna():
+    bad = []
+    for name, path in modules().items():
+        if not name.startswith(("app.engine", "app.components", "app.core")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mods = [node.module]
+            bad += [f"{name}: {m}" for m in mods if m.split(".")[0] in ("hydra", "optuna")]
+    assert not bad, bad
+
+
+def test_dictconfig_lives_only_in_the_entry_the_config_and_the_cli():
+    allowed = ("app.train", "app.config", "app.cli")
+    users = [
+        name
+        for name, path in modules().items()
+        if "DictConfig" in path.read_text() and not name.startswith(allowed)
+    ]
+    assert not users, users
+
+
+def test_the_sweeper_reaches_the_app_through_app_hpo_alone():
+    plugin = ROOT / "hydra_plugins"
+    reached = {
+        f"{path.relative_to(ROOT)}: {n}"
+        for path in plugin.rglob("*.py")
+        for n in imported(path)
+        if n != "app.hpo" and not n.startswith("app.hpo.")
+    }
+    # `from app.hpo import X` also lists app.hpo.X: names, not modules
+    assert not {r for r in reached if not r.split(": ")[1].startswith("app.hpo")}, reached
+
+
+def test_the_training_defaults_live_once_in_the_schema():
+    """conf/training/default.yaml sets nothing: `training=default` is app/config/training.py's
+    defaults, so the two can never disagree (they once did: lr 1e-3 against 3e-3)."""
+    from omegaconf import OmegaConf
+
+    from app.config import TrainingConfig
+    from tests.conftest import config
+
+    assert not OmegaConf.load(ROOT / "conf" / "training" / "default.yaml")
+    assert config(["gpu=cpu"]).training == TrainingConfig()

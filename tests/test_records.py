@@ -1,0 +1,100 @@
+"""Typed records: summary.json is written from Summary, and a reader of a renamed field is
+caught before it runs (by the type checker) or by a test (readers by name)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.engine.summary import Summary
+from app.hpo import RUN_METRICS, TrialAttrs, objectives
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_json_round_trips_and_flattens_the_task_metrics():
+    s = Summary(status="completed", run_dir="r", steps=6, tokens_per_sec=10.0)
+    s.initial_val, s.final_val = {"loss": 2.0, "accuracy": 0.5}, {"loss": 1.0, "accuracy": 0.7}
+    s.task_fields = {"labels": ["a", "b"]}
+    flat = s.to_json()
+    assert flat["final_val_accuracy"] == 0.7 and flat["initial_val_loss"] == 2.0
+    assert flat["labels"] == ["a", "b"]
+    assert "mfu" not in flat and "export_dir" not in flat  # results never produced: left out
+    assert Summary.from_json(flat) == s
+    assert s.objective(["final_val_loss", "tokens_per_sec"]) == [1.0, 10.0]
+    with pytest.raises(KeyError, match=r"'mfu' is not in summary\.json"):
+        s.objective("mfu")
+
+
+def test_every_objective_a_study_may_name_is_a_key_summary_json_holds():
+    """Readers by name (hpo.metric=..., the sweeper's checks) against the record: a renamed
+    Summary field or metric fails here."""
+    s = Summary(mfu=0.1, final_train_loss=1.0, peak_memory_bytes=1, wall_time_s=1.0)
+    s.tokens_per_sec = 1.0
+    for task, metrics in (("causal_lm", ["loss"]), ("classification", ["loss", "accuracy", "f1"])):
+        s.final_val = {m: 1.0 for m in metrics}
+        known = objectives(task)
+        assert known is not None
+        assert set(known.final) <= set(s.to_json()), task
+    assert set(RUN_METRICS) <= {f.name for f in dataclasses.fields(Summary)}
+
+
+def test_a_trials_attributes_are_the_summarys_fields():
+    names = {f.name for f in dataclasses.fields(Summary)}
+    assert {f.name for f in dataclasses.fields(TrialAttrs)} <= names
+
+
+def _readers(field: str) -> set[str]:
+    """file:line of every `.field` attribute read in app/ and hydra_plugins/ (the record's own
+    declaration aside)."""
+    found = set()
+    for folder in ("app", "hydra_plugins"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(rf"\.{field}\b", line):
+                    found.add(f"{path.relative_to(ROOT)}:{n}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("mypy") is None and not Path(sys.executable).with_name("mypy").exists(),
+    reason="needs mypy",
+)
+def test_renaming_a_summary_field_is_caught_by_the_type_checker_at_every_reader(tmp_path):
+    """Summary.tokens_per_sec renamed in a copy of the code: mypy reports every line that reads
+    it, the runner, the loop, the report and the bench alike."""
+    for folder in ("app", "hydra_plugins"):
+        shutil.copytree(
+            ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    summary = tmp_path / "app" / "engine" / "summary.py"
+    text = summary.read_text()
+    assert "    tokens_per_sec: float | None = None" in text
+    summary.write_text(text.replace("    tokens_per_sec: float", "    tokens_per_second: float"))
+    mypy = Path(sys.executable).with_name("mypy")
+    proc = subprocess.run(
+        [str(mypy) if mypy.exists() else "mypy", "--no-incremental"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    flagged = {
+        m.group(1)
+        for line in proc.stdout.splitlines()
+        if "tokens_per_sec" in line and (m := re.match(r"^(\S+?:\d+): error", line))
+    }
+    summary_readers = {
+        r
+        for r in _readers("tokens_per_sec")
+        if "summary." in (ROOT / r.split(":")[0]).read_text().splitlines()[int(r.split(":")[1]) - 1]
+    }
+    assert summary_readers, "no reader found: the test would pass vacuously"
+    assert summary_readers <= flagged, summary_readers - flagged
