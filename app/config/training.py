@@ -14,6 +14,7 @@ from app.core.fields import auto_or_count, bounded, count, fraction, one_of, pos
 
 SCHEDULES = ("cosine", "linear", "constant")
 FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
+PARALLELISMS = ("ddp", "fsdp")
 
 
 def _optimizers() -> tuple[str, ...]:
@@ -46,6 +47,16 @@ class ProfilerConfig:
     record_shapes: bool = False
     profile_memory: bool = False
     with_stack: bool = False
+
+
+@dataclass
+class FsdpConfig:
+    """training.parallelism=fsdp (app/engine/fsdp.py): FSDP2 per transformer block and root."""
+
+    # Free each block's gathered weights after its forward and gather them again for its
+    # backward (the least memory); false keeps them until the backward: one all-gather fewer
+    # per block and step, at the memory of the whole unsharded model.
+    reshard_after_forward: bool = True
 
 
 @dataclass
@@ -97,12 +108,23 @@ class TrainingConfig:
     # completes; `python -m app.export` writes it from any checkpoint too.
     export: bool = True
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
+    # Under torchrun (README, "More GPUs"): ddp, every rank holds the whole model; fsdp, the
+    # weights, gradients and optimizer state are sharded over the ranks, checkpoints too.
+    parallelism: str = one_of("ddp", PARALLELISMS)
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
 
     def check(self) -> None:
         self._check_batch()
         from app.components.optim import OPTIMIZERS
 
-        OPTIMIZERS.get(self.optimizer).check(self)
+        optimizer = OPTIMIZERS.get(self.optimizer)
+        optimizer.check(self)
+        if self.parallelism == "fsdp" and not optimizer.steps_shards:
+            able = ", ".join(n for n in OPTIMIZERS.names() if OPTIMIZERS.get(n).steps_shards)
+            raise ConfigError(
+                f"training.optimizer={self.optimizer} cannot step the sharded parameters of "
+                f"training.parallelism=fsdp; allowed with fsdp: {able}"
+            )
         p = self.profiler
         if p.steps and p.start_step >= self.max_steps:
             raise ConfigError(
@@ -142,3 +164,7 @@ class FaultsConfig:
     oom_from_step: int = count(0)  # first optimizer step at which the fault fires
     # under torchrun: only this rank fails (null: every rank)
     oom_rank: int | None = bounded(None, low=0, integer=True, nullable=True)
+    # SIGKILL while writing the checkpoint of this step, once this rank's part is on disk and
+    # before the checkpoint is complete: what a crash mid-write leaves behind (tests).
+    kill_in_checkpoint: int | None = bounded(None, low=1, integer=True, nullable=True)
+    kill_rank: int | None = bounded(None, low=0, integer=True, nullable=True)  # null: every rank

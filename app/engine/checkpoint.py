@@ -4,7 +4,9 @@ A checkpoint is one typed record (`TrainState`) stored as its mapping in one fil
 temporary name, fsynced, then renamed into place: a crash leaves either the previous
 checkpoints or the new one, never half a file. Loading uses `torch.load(weights_only=True)`,
 which refuses to unpickle arbitrary objects: plain tensors and containers only, so the format
-stays what `python -m app.export` and earlier runs read.
+stays what `python -m app.export` and earlier runs read. With FSDP a checkpoint is a directory
+of shards instead, complete or absent the same way (app/engine/sharded_checkpoint.py); both
+kinds are listed, resumed and exported alike.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import torch
 from app.core.atomic import atomic_write, fsync_dir
 from app.core.errors import ConfigError
 from app.core.outcomes import WriteFailed
+from app.engine import sharded_checkpoint as sharded
 
-_NAME = re.compile(r"^step_(\d{8})\.pt$")
+_NAME = re.compile(r"^step_(\d{8})(\.pt)?$")  # a file, or a directory of shards
 
 
 # What a checkpoint must hold to be resumed (the rest have defaults for older files).
@@ -44,6 +47,9 @@ class TrainState:
     plan: dict[str, Any] = field(default_factory=dict)  # the batch plan it was trained with
     config: dict[str, Any] | None = None  # what shaped the model: a resume is checked against it
     tokenizer_sha256: str | None = None  # which tokenizer the export pairs it with
+    # A sharded checkpoint: its directory, whose shards hold the model and the optimizer's
+    # state (`model` is then empty and `optimizer` holds only its param_groups).
+    shards: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -58,11 +64,25 @@ def checkpoint_path(directory: Path, step: int) -> Path:
     return directory / f"step_{step:08d}.pt"
 
 
+def checkpoint_dir(directory: Path, step: int) -> Path:
+    return directory / f"step_{step:08d}"
+
+
 def list_checkpoints(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
-    steps = {p: m.group(1) for p in directory.iterdir() if (m := _NAME.match(p.name))}
+    steps = {
+        p: m.group(1)
+        for p in directory.iterdir()
+        if (m := _NAME.match(p.name)) and (m.group(2) or sharded.is_sharded(p))
+    }
     return sorted(steps, key=lambda p: int(steps[p]))
+
+
+def drop_old(directory: Path, keep: int) -> None:
+    """All but the last `keep` checkpoints, files and directories of shards alike."""
+    for old in list_checkpoints(directory)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
 
 
 def save_checkpoint(directory: Path, step: int, state: TrainState, keep: int) -> Path:
@@ -75,15 +95,14 @@ def save_checkpoint(directory: Path, step: int, state: TrainState, keep: int) ->
         fsync_dir(directory)  # make the rename itself durable before older checkpoints go
     except (OSError, RuntimeError) as exc:  # torch reports a full disk as a RuntimeError
         raise WriteFailed(
-            f"could not write checkpoint {final} ({_why(exc, directory)}); the earlier "
+            f"could not write checkpoint {final} ({first_reason(exc, directory)}); the earlier "
             "checkpoints are intact"
         ) from None
-    for old in list_checkpoints(directory)[:-keep]:
-        old.unlink(missing_ok=True)
+    drop_old(directory, keep)
     return final
 
 
-def _why(exc: BaseException, directory: Path) -> str:
+def first_reason(exc: BaseException, directory: Path) -> str:
     if isinstance(exc, OSError) and exc.errno is not None:
         return os.strerror(exc.errno)
     with contextlib.suppress(OSError):
@@ -94,10 +113,12 @@ def _why(exc: BaseException, directory: Path) -> str:
 
 
 def remove_stale_temporaries(directory: Path) -> None:
-    """Temporary files of checkpoint writes that a kill interrupted (see app/atomic.py)."""
+    """Temporary files of checkpoint writes that a kill interrupted (see app/atomic.py), and
+    temporary directories of sharded ones."""
     if directory.is_dir():
         for tmp in directory.glob(".step_*.pt.*.tmp"):
             tmp.unlink(missing_ok=True)
+    sharded.remove_temporaries(directory)
 
 
 def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
@@ -108,6 +129,8 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
         found = list_checkpoints(run_dir / "checkpoints")
         return found[-1] if found else None
     path = Path(resume)
+    if sharded.is_sharded(path):
+        return path
     for candidate in (path / "checkpoints", path):
         if candidate.is_dir():
             found = list_checkpoints(candidate)
@@ -117,18 +140,22 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
         return path
     raise ConfigError(
         f"training.resume={resume!r}: no checkpoint there; give a run directory, its "
-        "checkpoints/ directory, a step_*.pt file, or auto"
+        "checkpoints/ directory, a step_*.pt file, a step_* directory of shards, or auto"
     )
 
 
 def load_checkpoint(path: Path, mmap: bool = False) -> TrainState:
-    """The checkpoint's state; `mmap` maps the tensors instead of reading them (a quick look)."""
+    """The checkpoint's state; `mmap` maps the tensors instead of reading them (a quick look).
+    Of a sharded checkpoint, all but the shards, which load into the model once it is built."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        if sharded.is_sharded(path):
+            state = {**sharded.read_small_state(path), "model": {}, "shards": str(path)}
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:
         raise ConfigError(
             f"training.resume: checkpoint {path} is unreadable ({type(exc).__name__}); "
-            "point training.resume at an earlier step_*.pt"
+            "point training.resume at an earlier step_* checkpoint"
         ) from exc
     missing = set(REQUIRED) - set(state) if isinstance(state, dict) else set(REQUIRED)
     if missing:

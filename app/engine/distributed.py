@@ -1,4 +1,5 @@
-"""torchrun integration: read its environment, join the process group, wrap the model in DDP.
+"""torchrun integration: read its environment, join the process group, wrap the model in DDP
+(FSDP2: app/engine/fsdp.py).
 
 Nothing here invents a distributed layer: torch.distributed does the work, this only wires it.
 """
@@ -6,9 +7,12 @@ Nothing here invents a distributed layer: torch.distributed does the work, this 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,6 +23,11 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    parallelism: str = "ddp"  # training.parallelism: ddp | fsdp
+    # Where the ranks agree on host-side flags (out of memory): a gloo group beside NCCL, so
+    # agreeing never waits for the GPU; None: the default group (gloo already).
+    host_group: Any = None
+    owns_group: bool = False  # this run joined the process group, so it leaves it
 
     @property
     def enabled(self) -> bool:
@@ -28,15 +37,28 @@ class DistInfo:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def sharded(self) -> bool:
+        """FSDP: every rank holds a shard of the model, so every rank saves and exports."""
+        return self.parallelism == "fsdp"
 
-def init_distributed(device_type: str) -> DistInfo:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1); else a single process."""
+
+def init_distributed(device_type: str, parallelism: str = "ddp") -> DistInfo:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1); else a single process
+    (with FSDP, a process group of one: fully_shard and its checkpoints need one)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    backend = "nccl" if device_type == "cuda" else "gloo"
     if world <= 1:
-        return DistInfo()
-    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+        owns = parallelism == "fsdp" and not dist.is_initialized()
+        if owns:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        return DistInfo(parallelism=parallelism, owns_group=owns)
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    info = DistInfo(rank, world, local, parallelism, owns_group=True)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        dist.init_process_group(backend=backend)
+    if backend != "gloo":
+        info.host_group = dist.new_group(backend="gloo")
     return info
 
 
@@ -48,10 +70,33 @@ def wrap_ddp(model: torch.nn.Module, info: DistInfo, device: torch.device) -> to
 
 
 def no_sync(model: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager:
-    """Skip DDP's gradient all-reduce on every micro-batch but the step's last."""
+    """Skip the gradient reduction (DDP's all-reduce, FSDP's reduce-scatter) on every
+    micro-batch but the step's last."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)  # read in its backward: set before each one
+        return contextlib.nullcontext()
     if sync or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return contextlib.nullcontext()
     return model.no_sync()
+
+
+T = TypeVar("T")
+
+
+def without_autograd(fn: Callable[..., T]) -> Callable[..., T]:
+    """Run `fn(run, ...)` under torch.inference_mode(), or torch.no_grad() when the model is
+    sharded: FSDP allocates the buffers it gathers weights into on first use, and made in
+    inference mode they could not serve the training forwards after it (torch 2.13)."""
+
+    @functools.wraps(fn)
+    def wrapper(run: Any, *args: Any, **kwargs: Any) -> T:
+        mode = torch.no_grad() if run.dist.sharded else torch.inference_mode()
+        with mode:
+            return fn(run, *args, **kwargs)
+
+    return wrapper
 
 
 def global_sum(value: float, info: DistInfo, device: torch.device) -> torch.Tensor | float:
@@ -96,6 +141,38 @@ def shared_run_dir(run_dir: Path, info: DistInfo) -> Path:
     return Path(box[0])
 
 
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier(group=info.host_group)
+
+
+_HOST_BUFFERS: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
+
+
+def host_buffer(name: str, values: list[Any], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A host tensor holding `values` for a small collective, the same tensor each time and
+    kept for the life of the process. gloo's worker thread frees a collective's tensors late,
+    up to when the group is destroyed; freeing one whose Python object is gone needs the
+    GIL, which the destroying thread holds when DDP's reducer drops the group: a hang at exit
+    (about 1 run in 10 on torch 2.13). A tensor Python still holds is freed without it."""
+    key = (name, len(values), dtype)
+    if key not in _HOST_BUFFERS:
+        with torch.inference_mode(False):  # a normal tensor, updated in and out of that mode
+            _HOST_BUFFERS[key] = torch.zeros(len(values), dtype=dtype)
+    buffer = _HOST_BUFFERS[key]
+    buffer.copy_(torch.tensor(values, dtype=dtype))
+    return buffer
+
+
+def agree_all(flag: bool, info: DistInfo) -> bool:
+    """True on every rank when `flag` is True on every rank (a host all-reduce)."""
+    if not info.enabled:
+        return flag
+    t = host_buffer("agree_all", [int(not flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=info.host_group)
+    return not bool(t.item())
+
+
 def shutdown(info: DistInfo) -> None:
-    if info.enabled and dist.is_initialized():
+    if (info.enabled or info.owns_group) and dist.is_initialized():
         dist.destroy_process_group()

@@ -13,7 +13,9 @@ from app.components.data.loader import rank_slice
 from app.components.hardware.precision import autocast
 from app.components.tasks.base import move
 from app.core.outcomes import Diverged, Pruned
-from app.engine.distributed import all_reduce_sum, unwrap_ddp
+from app.engine.agreement import AgreedOOM
+from app.engine.batch.plan import eval_padding
+from app.engine.distributed import all_reduce_sum, unwrap_ddp, without_autograd
 from app.engine.recovery import release_after_oom, shrink_eval_micro_batch, shrink_micro_batch
 from app.engine.run import Run
 from app.engine.summary import Summary
@@ -31,7 +33,7 @@ def evaluate_metrics(run: Run, step: int) -> dict[str, float]:
     return run.task.eval_metrics(totals)
 
 
-@torch.inference_mode()  # no autograd bookkeeping at all, unlike no_grad
+@without_autograd  # inference_mode: no autograd bookkeeping at all, unlike no_grad
 def local_sums(run: Run, step: int) -> torch.Tensor:
     """The task's evaluation sums over this rank's share of the validation samples.
 
@@ -48,7 +50,9 @@ def local_sums(run: Run, step: int) -> torch.Tensor:
             sums = _eval_sums(run, share, model, step)
             break
         except torch.OutOfMemoryError as exc:
-            failed = str(exc).splitlines()[0]
+            failed, alone = str(exc).splitlines()[0], not isinstance(exc, AgreedOOM)
+        if alone:
+            run.agreement.join(step)  # the other ranks wait at their next boundary
         release_after_oom(run)
         run.observers.hooks.on_oom(run, step)
         if run.plan.eval_micro > run.plan.micro_batch_size:
@@ -65,11 +69,24 @@ def _eval_sums(run: Run, share: Any, model: torch.nn.Module, step: int) -> torch
     sizes = [min(micro, len(y_all) - start) for start in range(0, len(y_all), micro)]
     sums: torch.Tensor | None = None
     for x, y in run.task.micro_batches(x_all, y_all, sizes):
-        run.faults.check("eval", len(y), step)
+        run.agreement.boundary(run.faults, "eval", len(y), step)
         part = eval_sums(run, move(x, run.device), y.to(run.device), model)
         sums = part if sums is None else sums + part
+    # Every rank runs as many micro-batches as the largest share (FSDP's forwards pair up).
+    for _ in range(eval_padding(len(y_all), len(run.val_blocks), run.dist.world_size, micro)):
+        sums = padding_sums(run, model, share, step, sums)
+    run.agreement.settle(step, "evaluated")
     assert sums is not None  # the validation set is never empty (the data checks it)
     return sums
+
+
+def padding_sums(run: Run, model: Any, share: Any, step: int, sums: Any) -> torch.Tensor:
+    """A micro-batch of one sample at weight zero: the sums unchanged."""
+    x, y = run.task.inputs_and_targets(share if len(share) else run.val_blocks[:1])
+    x, y = next(iter(run.task.micro_batches(x, y, [1, len(y) - 1] if len(y) > 1 else [1])))
+    run.agreement.boundary(run.faults, "eval", len(y), step)
+    part = eval_sums(run, move(x, run.device), y.to(run.device), model) * 0
+    return part if sums is None else sums + part
 
 
 def eval_sums(run: Run, x: Any, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:

@@ -60,9 +60,12 @@ SHARD_NAME = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 EXPORT_MARKER = "hydratrain_export.json"
 
 
-def write_export(model: Any, tokenizer: Any | None, out: Path) -> Path:
-    """Write `model` (unwrapped: no DDP, no torch.compile) and `tokenizer` to `out`."""
-    return write_dir(Path(out), lambda tmp: save_files(model, tokenizer, tmp))
+def write_export(
+    model: Any, tokenizer: Any | None, out: Path, weights: dict[str, Any] | None = None
+) -> Path:
+    """Write `model` (unwrapped: no DDP, no torch.compile) and `tokenizer` to `out`; `weights`:
+    the whole model's state when `model` holds only a shard of it (FSDP)."""
+    return write_dir(Path(out), lambda tmp: save_files(model, tokenizer, tmp, weights))
 
 
 def write_dir(out: Path, fill: Callable[[Path], None]) -> Path:
@@ -80,12 +83,17 @@ def write_dir(out: Path, fill: Callable[[Path], None]) -> Path:
     return out
 
 
-def save_files(model: Any, tokenizer: Any | None, directory: Path) -> None:
+def save_files(
+    model: Any, tokenizer: Any | None, directory: Path, weights: dict[str, Any] | None = None
+) -> None:
     from app.components.models.pretrained_dir import position_limit
 
     generates = model.can_generate()
+    # save_pretrained takes the state to write for a model it cannot gather itself, and drops
+    # entries from what it is given: a copy.
+    state = dict(weights) if weights is not None else None
     with _quiet(), _use_cache(model, generates):
-        model.save_pretrained(directory, safe_serialization=True)
+        model.save_pretrained(directory, safe_serialization=True, state_dict=state)
     if tokenizer is not None:
         limit = position_limit(model.config)
         before = tokenizer.model_max_length  # the run's object: set for the export only
@@ -162,13 +170,16 @@ def remove_stale_temporaries(out: Path) -> None:
         shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink(missing_ok=True)
 
 
-def export_run(model: Any, task: Task, data: DataConfig, run_dir: Path) -> Path:
-    """The end of a completed run: <run dir>/model. A failed write ends the run in one line."""
+def export_run(
+    model: Any, task: Task, data: DataConfig, run_dir: Path, weights: dict[str, Any] | None = None
+) -> Path:
+    """The end of a completed run: <run dir>/model (`weights`: FSDP's gathered state). A failed
+    write ends the run in one line."""
     from app.core.outcomes import WriteFailed
 
     out = run_dir / EXPORT_DIR
     try:
-        return write_export(model, task.export_tokenizer(data), out)
+        return write_export(model, task.export_tokenizer(data), out, weights)
     except (OSError, RuntimeError) as exc:  # torch/safetensors report a full disk variously
         raise WriteFailed(
             f"could not write the export {out} ({first_line(exc)}); the checkpoints are intact: "

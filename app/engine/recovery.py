@@ -1,6 +1,8 @@
 """Out-of-memory recovery: a step that ran out is redone from the same data with half the
 micro-batch, and the accumulation follows from the plan, so the effective batch and the
-trajectory stay exact. Evaluation that ran out shrinks its own micro-batch first."""
+trajectory stay exact. Evaluation that ran out shrinks its own micro-batch first. Under torchrun
+the ranks agree on the error first (app/engine/agreement.py), so they all shrink and redo the
+step together."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from typing import Any
 import torch
 
 from app.core.outcomes import TrainingOOM
+from app.engine.agreement import AgreedOOM
+from app.engine.distributed import no_sync
 from app.engine.run import Run
-from app.engine.step import StepResult, train_step
+from app.engine.step import StepResult, first_sample, loss_sum, train_step
 
 log = logging.getLogger(__name__)
 
@@ -22,27 +26,54 @@ def step_with_recovery(run: Run, batch: Any, step: int) -> StepResult:
     """train_step, redone with a smaller micro-batch after an OOM; the effective batch is kept."""
     while True:
         run.observers.hooks.on_attempt(run, step)
-        failed = None
+        failed, alone = None, False
         try:
             return train_step(run, batch, step)
         except torch.OutOfMemoryError as exc:
-            failed = str(exc).splitlines()[0]
+            failed, alone = str(exc).splitlines()[0], not isinstance(exc, AgreedOOM)
         # Outside the except block: the traceback no longer pins the failed step's tensors.
-        release_after_oom(run)
+        if alone:
+            run.agreement.join(step)  # the other ranks wait at their next boundary
+        release_after_oom(run, batch)
         run.observers.hooks.on_oom(run, step)
         shrink_micro_batch(run, step, failed)
 
 
-def release_after_oom(run: Run) -> None:
+def release_after_oom(run: Run, batch: Any = None) -> None:
+    """Drop what the failed attempt holds; with FSDP, also what FSDP holds for it (`batch`: a
+    training step's, whose accumulated gradients must go)."""
     run.optimizer.zero_grad(set_to_none=True)
     if run.scaler is not None:
         # Forget a half-done unscale_/step so the retried step starts clean.
         run.scaler._per_optimizer_states = defaultdict(
             torch.amp.grad_scaler._refresh_per_optimizer_state
         )
+    # Collectives: only where every rank is here too (agreed, or alone in the world).
+    if run.dist.sharded and (run.agreement.enabled or not run.dist.enabled):
+        discard_fsdp_attempt(run, batch)
     gc.collect()
     if run.device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def discard_fsdp_attempt(run: Run, batch: Any) -> None:
+    """FSDP keeps a step's gradients unsharded, outside `.grad`, until the micro-batch that
+    reduce-scatters them; reset_iter_state() reshards but keeps them (torch 2.13), and a redo
+    would add them twice. One micro-batch of one sample at weight zero, with the reduction on,
+    moves them into the sharded `.grad`, which zero_grad then drops. Every rank runs it: the
+    ranks agreed on the error, so they are here together."""
+    from torch.distributed.fsdp import FSDPModule
+
+    root = run.raw_model
+    assert isinstance(root, FSDPModule)
+    root.reset_iter_state()
+    if batch is None:
+        return
+    x, y = first_sample(run, *run.task.inputs_and_targets(batch))
+    x, y = x.to(run.device), y.to(run.device)
+    with no_sync(run.model, sync=True):
+        (loss_sum(run, x, y) * 0.0).backward()
+    run.optimizer.zero_grad(set_to_none=True)
 
 
 def count_oom(run: Run, step: int) -> dict[str, int]:
@@ -62,15 +93,6 @@ def shrink_micro_batch(run: Run, step: int, error: str | None) -> None:
     counts = count_oom(run, step)
     if current <= 1 or not run.cfg.auto_batch.oom_recovery:
         raise TrainingOOM(f"out of memory at micro-batch {current} (step {step}): {error}")
-    if run.dist.enabled:
-        # The other ranks are already inside this step's collectives: a redo here would pair
-        # its collectives with theirs out of order (gloo aborts on the mismatch; NCCL may hang
-        # or mix buffers). End the run cleanly instead; torchrun then stops the other ranks.
-        raise TrainingOOM(
-            f"out of memory on rank {run.dist.rank} at micro-batch {current} (step {step}); "
-            "under torchrun a step cannot be redone on one rank alone: rerun with "
-            f"training.micro_batch_size={max(1, current // 2)} ({error})"
-        )
     smaller = max(1, current // 2)
     run.plan = run.plan.with_micro_batch(
         smaller, "reduced_after_oom", oom_at_step=step, reduced_from=current, **counts

@@ -6,12 +6,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from app.components.optim import OPTIMIZERS
 from app.components.tracking import tracked_config
 from app.config.schema import TrainConfig
 from app.engine.batch.plan import BatchPlan
 from app.engine.batch.probe import describe as describe_choice
 from app.engine.batch.probe import plan_scalars
 from app.engine.loop import evaluations_after
+from app.engine.rank_memory import expected_state_bytes, memory_line, whole_model_bytes
 from app.engine.run import Machine, Run
 from app.engine.summary import Summary
 from app.engine.telemetry import mfu, peak_memory_bytes, write_json_atomic
@@ -29,6 +31,9 @@ def describe_run(summary: Summary, run: Run, machine: Machine, config: TrainConf
     summary.device_memory_bytes = device.total_memory_bytes
     summary.dtype, summary.precision_reason = precision.name, precision.reason
     summary.world_size = run.dist.world_size
+    summary.parallelism = config.training.parallelism
+    optimizer = OPTIMIZERS.get(config.training.optimizer)
+    summary.model_state_bytes = expected_state_bytes(run.raw_model, optimizer.state_bytes_per_param)
     summary.seq_len = seq_len
     # Causal LM: exact. Padded tasks: the most a step can hold (sequences are shorter).
     summary.tokens_per_step = run.plan.effective_batch_size * seq_len
@@ -75,6 +80,7 @@ def print_banner(summary: Summary, run: Run, machine: Machine, config: TrainConf
         f"batch      {run.plan.describe()}",
         *([f"autobatch  {how}"] if (how := describe_choice(run.plan)) else []),
         f"{step}, {summary.num_params:,} parameters",
+        memory_line(summary.model_state_bytes, whole_model_bytes(run.raw_model), run.dist),
         eval_line(run),
         f"steps      {run.start_step} -> {run.cfg.max_steps}; run dir {run.run_dir}",
     ]
@@ -102,12 +108,18 @@ def closing_line(summary: Summary) -> str:
         return "n/a" if value is None else format(value, spec)
 
     loss = "loss"
+    peaks = summary.peak_memory_bytes_per_rank or []
+    per_rank = (
+        f"peak memory per rank {', '.join(f'{p / 2**20:,.0f}' for p in peaks)} MiB, "
+        if len(peaks) > 1
+        else ""
+    )
     return (
         f"done       {summary.status} after {summary.steps} steps: val loss "
         f"{num(summary.initial_val.get(loss), '.4f')} -> "
         f"{num(summary.final_val.get(loss), '.4f')}, "
         f"{num(summary.tokens_per_sec, ',.0f')} tokens/s, "
-        f"{num(summary.eval_time_s, '.1f')} s evaluating, "
+        f"{num(summary.eval_time_s, '.1f')} s evaluating, {per_rank}"
         f"summary {summary.run_dir}/summary.json"
     )
 

@@ -17,6 +17,7 @@ from app.components.hardware.precision import PrecisionPlan
 from app.components.tasks.base import Task
 from app.config.training import TrainingConfig
 from app.core.preemption import StopRequest
+from app.engine.agreement import Agreement
 from app.engine.batch.faults import FaultInjector
 from app.engine.batch.plan import BatchPlan
 from app.engine.distributed import DistInfo
@@ -79,14 +80,17 @@ class ModelFacts:
     peak_tflops: float | None = None  # of this device at this precision; None: MFU unknown
     identity: dict[str, Any] = field(default_factory=dict)  # the settings that shape it
     tokenizer: str | None = None  # the fingerprint of <run dir>/tokenizer (app/cli/export.py)
+    # This rank's parameters, gradients and optimizer state in bytes, measured on its tensors
+    # (FSDP: its shards) after the first optimizer step (app/engine/rank_memory.py).
+    state_bytes: dict[str, int] | None = None
 
 
 @dataclass
 class Run:
     """Everything one training run needs, built by the runner (or a test) and handed to train()."""
 
-    model: torch.nn.Module  # what runs forward: maybe compiled and/or DDP-wrapped
-    raw_model: torch.nn.Module  # what is saved and restored
+    model: torch.nn.Module  # what runs forward: maybe compiled and/or DDP-wrapped (or FSDP)
+    raw_model: torch.nn.Module  # what is saved and restored (FSDP: the sharded model itself)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     plan: BatchPlan
@@ -103,3 +107,4 @@ class Run:
     start_step: int = 0  # optimizer steps already done (a resumed run)
     observers: Observers = field(default_factory=Observers)
     facts: ModelFacts = field(default_factory=ModelFacts)
+    agreement: Agreement = field(default_factory=Agreement)  # ranks agreeing on OOMs

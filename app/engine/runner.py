@@ -17,7 +17,7 @@ from app.components.hardware.devices import DeviceInfo, detect_device, effective
 from app.components.hardware.host_malloc import apply_host_malloc
 from app.components.hardware.precision import apply_precision_flags, resolve_precision
 from app.components.models.pretrained_dir import tokenizer_warning
-from app.components.models.shape import maybe_compile, model_shape
+from app.components.models.shape import model_shape
 from app.components.optim import OPTIMIZERS
 from app.components.schedule import build_scheduler
 from app.components.tasks import build_task
@@ -33,14 +33,11 @@ from app.engine.batch.cache import ProbeSetup
 from app.engine.batch.faults import FaultInjector
 from app.engine.batch.plan import BatchPlan, eval_micro_size, fixed_plan
 from app.engine.batch.probe import auto_plan, oom_listener
-from app.engine.distributed import (
-    DistInfo,
-    init_distributed,
-    shared_run_dir,
-    shutdown,
-    wrap_ddp,
-)
+from app.engine.distributed import DistInfo, init_distributed, shared_run_dir, shutdown
+from app.engine.fsdp import full_state_dict
 from app.engine.loop import train
+from app.engine.parallel import agreement, forward_model, place
+from app.engine.rank_memory import record_ranks
 from app.engine.report import (
     closing_line,
     describe_run,
@@ -72,7 +69,7 @@ def run_training(
     apply_host_malloc(t.host_malloc)  # before the data and model allocate
     apply_expandable_segments(t.expandable_segments)  # before CUDA starts
     device = detect_device(config.gpu)
-    dist = init_distributed(device.type)
+    dist = init_distributed(device.type, t.parallelism)
     run_dir = shared_run_dir(Path(run_dir), dist)
     try:
         resume_from = check_start(config, run_dir, device.type, device.total_memory_bytes)
@@ -102,6 +99,10 @@ def resolve_machine(config: TrainConfig, device: DeviceInfo, dist: DistInfo) -> 
     """The preset that applies to the device, the precision resolved for it, the warnings."""
     preset = effective_preset(config.gpu, device)
     precision = resolve_precision(config.precision.name, device, preset)
+    if dist.sharded:
+        from app.engine.fsdp import check_precision
+
+        check_precision(precision)
     warning = tokenizer_warning(config.model, config.data) if not _from_config(config) else None
     return Machine(device, preset, precision, dist, [*device.warnings, *filter(None, [warning])])
 
@@ -119,8 +120,13 @@ def train_and_export(run: Run, summary: Summary, machine: Machine, config: Train
     print_banner(summary, run, machine, config)
     run_dir_guard.disarm()  # from here on, what the run writes is its own
     train(run, summary)
-    if config.training.export and machine.dist.is_main:
-        summary.export_dir = str(export(run, config, run.run_dir))
+    record_ranks(run, summary)
+    if not config.training.export:
+        return
+    # FSDP: every rank sends its shards; rank 0 writes the whole model.
+    weights = full_state_dict(run.raw_model) if machine.dist.sharded else None
+    if machine.dist.is_main:
+        summary.export_dir = str(export(run, config, run.run_dir, weights))
 
 
 def ended_by(exc: BaseException) -> tuple[str, str | None]:
@@ -138,10 +144,13 @@ def _from_config(config: TrainConfig) -> bool:
     return MODELS.get(config.model.arch).from_config
 
 
-def export(run: Run, config: TrainConfig, run_dir: Path) -> Path:
+def export(
+    run: Run, config: TrainConfig, run_dir: Path, weights: dict[str, Any] | None = None
+) -> Path:
     from app.engine.export import export_run
 
-    return export_run(run.raw_model, run.task, config.data, run_dir)  # plain weights
+    # Plain weights: the module inside DDP and torch.compile, or FSDP's gathered state.
+    return export_run(run.raw_model, run.task, config.data, run_dir, weights)
 
 
 def already_complete(
@@ -171,7 +180,9 @@ def build_run(
     task = build_task(config.task) if task is None else task
     data = task.load_data(config.data)
     tdev, dist = machine.torch_device, machine.dist
-    model = task.build_model(config.model, data).to(tdev)
+    whole = task.build_model(config.model, data)
+    facts = model_facts(config, machine, task, whole)  # of the whole model (MFU), unsharded
+    model = place(whole, config, machine)
     setup = probe_setup(config, machine, task)
     plan = choose_plan(setup, model, data)
     optimizer = OPTIMIZERS.get(config.training.optimizer).create(model, config.training)
@@ -179,7 +190,7 @@ def build_run(
     if config.training.fixed_micro_batch is None and dist.is_main:
         observers.on_plan_change = oom_listener(setup, model)
     run = Run(
-        model=wrap_ddp(maybe_compile(model, config.model, machine.preset), dist, tdev),
+        model=forward_model(model, config, machine),
         raw_model=model,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, config.training),
@@ -196,7 +207,8 @@ def build_run(
         dist=dist,
         start_step=start_step,
         observers=observers,
-        facts=model_facts(config, machine, task, model),
+        facts=facts,
+        agreement=agreement(config, dist),
     )
     if state is not None:
         resume(run, state)
@@ -322,6 +334,11 @@ def finish(
             # Every way a run ends passes here: the trackers' runs end with its status.
             observers.logger.close(summary.to_json())
     observers.reporter.set_attrs(trial_attrs(summary))
+    if run is not None:
+        # DDP's reducer goes now, while the process group is registered: dropped after it, it
+        # would destroy the group itself, holding the GIL that gloo's worker thread may need to
+        # free a finished collective's tensors (a hang at exit, about 1 run in 10).
+        run.model = run.raw_model
     del run
     if torch.cuda.is_available():
         # Tensors held only by reference cycles (an OOM's traceback frames) go back to the

@@ -146,12 +146,17 @@ def check_model_fits(config: TrainConfig, memory_bytes: int, where: str) -> None
         return
     optimizer = OPTIMIZERS.get(config.training.optimizer)
     need = params * (WEIGHTS_AND_GRADS_BYTES_PER_PARAM + optimizer.state_bytes_per_param)
-    if need > memory_bytes:
+    # FSDP shards all three over the ranks (torchrun sets WORLD_SIZE before this runs).
+    ranks = int(os.environ.get("WORLD_SIZE", "1")) if config.training.parallelism == "fsdp" else 1
+    if need / ranks > memory_bytes:
+        share = (
+            f", {need / ranks / GIB:,.1f} GiB per rank over {ranks} FSDP ranks" if ranks > 1 else ""
+        )
         raise ConfigError(
             f"model.n_layer={m.n_layer}, model.n_embd={m.n_embd}: about {params / 1e9:,.2f}B "
             f"parameters need {need / GIB:,.1f} GiB for fp32 weights, gradients and "
-            f"{optimizer.label} state, more than the {memory_bytes / GIB:.1f} GiB usable on "
-            f"{where}; use a smaller model"
+            f"{optimizer.label} state{share}, more than the {memory_bytes / GIB:.1f} GiB usable "
+            f"on {where}; use a smaller model"
         )
 
 

@@ -1,16 +1,81 @@
-"""A run's state in and out of its checkpoint (the record: app/engine/checkpoint.py TrainState)."""
+"""A run's state in and out of its checkpoint (the record: app/engine/checkpoint.py TrainState).
+
+One process and DDP: rank 0 writes one file. FSDP: every rank writes its shards into one
+directory (app/engine/sharded_checkpoint.py). Either kind resumes into either parallelism."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from app.engine import checkpoint as ckpt
+from app.engine import sharded_checkpoint as sharded
 from app.engine.checkpoint import TrainState
+from app.engine.distributed import agree_all, barrier
 from app.engine.run import Run
 
 
 def capture(run: Run, step: int) -> TrainState:
+    state = capture_small(run, step)
+    state.model = run.raw_model.state_dict()
+    state.optimizer = run.optimizer.state_dict()
+    return state
+
+
+def save(run: Run, step: int) -> None:
+    if run.dist.sharded:
+        save_sharded(run, step)
+        return
+    if not run.dist.is_main:
+        return
+    ckpt.save_checkpoint(
+        run.run_dir / "checkpoints", step, capture(run, step), run.cfg.keep_checkpoints
+    )
+
+
+def save_sharded(run: Run, step: int) -> None:
+    """Every rank writes its shards; rank 0 completes the checkpoint. Raises WriteFailed on
+    every rank when any part failed (the earlier checkpoints intact)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from app.core.outcomes import WriteFailed
+
+    directory = run.run_dir / "checkpoints"
+    final = ckpt.checkpoint_dir(directory, step)
+    tmp = sharded.temporary(final)
+    if run.dist.is_main:
+        ckpt.remove_stale_temporaries(directory)
+    barrier(run.dist)  # nobody writes into a temporary that is being removed
+    error: BaseException | None = None
+    try:  # DCP gathers every rank's failure and raises it on all of them
+        kill = run.faults.kills_in_checkpoint(step)
+        groups = sharded.write_shards(run.raw_model, run.optimizer, tmp, kill)
+        if run.dist.is_main:
+            sharded.finish(tmp, final, small_state(run, step, groups))
+            ckpt.drop_old(directory, run.cfg.keep_checkpoints)
+    except (OSError, RuntimeError, CheckpointException) as exc:
+        error = exc
+    if not agree_all(error is None, run.dist):
+        why = ckpt.first_reason(error, directory) if error else "another rank failed"
+        raise WriteFailed(
+            f"could not write checkpoint {final} ({why}); the earlier checkpoints are intact"
+        )
+
+
+def small_state(run: Run, step: int, groups: list) -> dict:
+    """What a sharded checkpoint keeps beside its shards: the TrainState without the tensors
+    of the model and the optimizer (their hyperparameters stay)."""
+    state = capture_small(run, step)
+    state.optimizer = {"param_groups": groups}
+    out = state.as_dict()
+    out.pop("model")
+    out.pop("shards")
+    return out
+
+
+def capture_small(run: Run, step: int) -> TrainState:
+    """Everything but the model's and the optimizer's tensors."""
     return TrainState(
-        model=run.raw_model.state_dict(),
-        optimizer=run.optimizer.state_dict(),
+        model={},
         scheduler=run.scheduler.state_dict(),
         step=step,
         rng=ckpt.rng_state(),
@@ -21,17 +86,17 @@ def capture(run: Run, step: int) -> TrainState:
     )
 
 
-def save(run: Run, step: int) -> None:
-    if not run.dist.is_main:
-        return
-    ckpt.save_checkpoint(
-        run.run_dir / "checkpoints", step, capture(run, step), run.cfg.keep_checkpoints
-    )
-
-
 def restore(run: Run, state: TrainState) -> None:
-    run.raw_model.load_state_dict(state.model)
-    run.optimizer.load_state_dict(state.optimizer)
+    if state.shards is not None:
+        groups = state.optimizer["param_groups"]
+        sharded.load_shards(run.raw_model, run.optimizer, Path(state.shards), groups)
+    elif run.dist.sharded:
+        from app.engine.fsdp import load_whole_state
+
+        load_whole_state(run.raw_model, run.optimizer, state.model, state.optimizer)
+    else:
+        run.raw_model.load_state_dict(state.model)
+        run.optimizer.load_state_dict(state.optimizer)
     run.scheduler.load_state_dict(state.scheduler)
     if run.scaler is not None and state.scaler:
         run.scaler.load_state_dict(state.scaler)

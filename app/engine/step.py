@@ -1,6 +1,7 @@
 """One optimizer step: the micro-batches of this rank's share of the effective batch, the loss
 normalized by the units of the whole step (so the gradient does not depend on the split), then
-clipping, the optimizer and the schedule."""
+clipping, the optimizer and the schedule. Under torchrun the ranks agree on out-of-memory errors
+at each phase boundary (app/engine/agreement.py), so a step fails on every rank or on none."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from app.components.hardware.precision import autocast
 from app.components.tasks.base import move
 from app.engine.distributed import global_sum, no_sync
+from app.engine.rank_memory import measure_state_bytes
 from app.engine.run import Run
 
 
@@ -32,26 +34,44 @@ def train_step(run: Run, batch: Any, step: int) -> StepResult:
     """One optimizer step over `batch` (this rank's share of the effective batch)."""
     x_all, y_all = run.task.inputs_and_targets(batch)
     units = run.task.units(y_all)  # on the host tensor: no device sync
-    # DDP averages gradients over ranks, so scale by world / global units for an exact mean.
+    # DDP and FSDP average gradients over ranks, so scale by world / global units for an exact
+    # mean.
     divisor = global_sum(units, run.dist, run.device)
     scale = run.dist.world_size / divisor
-    sizes = run.plan.micro_sizes
+    plan = run.plan
+    parts = list(run.task.micro_batches(x_all, y_all, plan.micro_sizes))
+    # A rank with fewer samples than micro-batches runs the rest on one sample at weight 0.
+    parts += [first_sample(run, x_all, y_all)] * plan.padding
     total = torch.zeros((), device=run.device)
-    for i, (x, y) in enumerate(run.task.micro_batches(x_all, y_all, sizes)):
-        x, y = move(x, run.device), y.to(run.device, non_blocking=True)
-        with no_sync(run.model, sync=i == len(sizes) - 1):
-            run.faults.check("forward", len(y), step)
-            part = loss_sum(run, x, y)
-            run.faults.check("backward", len(y), step)
-            scaled = part * scale
-            (run.scaler.scale(scaled) if run.scaler else scaled).backward()
-        total += part.detach()
+    for i, (x, y) in enumerate(parts):
+        padding = i >= len(parts) - plan.padding
+        part = micro_step(run, x, y, 0.0 if padding else scale, i == len(parts) - 1, step)
+        if not padding:
+            total += part
     grad_norm = optimizer_step(run, step)
     return StepResult(total, units, grad_norm, run.task.tokens(x_all))
 
 
+def micro_step(run: Run, x: Any, y: torch.Tensor, scale: Any, sync: bool, step: int) -> Any:
+    """Forward and backward of one micro-batch; the gradients reduced across ranks on the
+    step's last. Returns its summed loss (detached)."""
+    x, y = move(x, run.device), y.to(run.device, non_blocking=True)
+    with no_sync(run.model, sync=sync):
+        run.agreement.boundary(run.faults, "forward", len(y), step)
+        part = loss_sum(run, x, y)
+        run.agreement.boundary(run.faults, "backward", len(y), step)
+        scaled = part * scale
+        (run.scaler.scale(scaled) if run.scaler else scaled).backward()
+    return part.detach()
+
+
+def first_sample(run: Run, x_all: Any, y_all: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    n = len(y_all)
+    return next(iter(run.task.micro_batches(x_all, y_all, [1, n - 1] if n > 1 else [1])))
+
+
 def optimizer_step(run: Run, step: int) -> torch.Tensor:
-    run.faults.check("optimizer", run.plan.micro_batch_size, step)
+    run.agreement.boundary(run.faults, "optimizer", run.plan.micro_batch_size, step)
     if run.scaler:
         run.scaler.unscale_(run.optimizer)
     max_norm = run.cfg.max_grad_norm if run.cfg.max_grad_norm > 0 else math.inf
@@ -61,6 +81,16 @@ def optimizer_step(run: Run, step: int) -> torch.Tensor:
         run.scaler.update()
     else:
         run.optimizer.step()
+    if run.facts.state_bytes is None:  # once, while the gradients are there to count
+        run.facts.state_bytes = measure_state_bytes(run.raw_model, run.optimizer)
     run.optimizer.zero_grad(set_to_none=True)
+    run.agreement.settle(step, "updated")
     run.scheduler.step()
-    return grad_norm
+    return local_value(grad_norm)
+
+
+def local_value(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor (FSDP's gradient norm) as the plain tensor each rank holds."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t

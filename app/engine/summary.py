@@ -34,6 +34,7 @@ class Summary:
     dtype: str | None = None
     precision_reason: str | None = None
     world_size: int = 1
+    parallelism: str | None = None  # training.parallelism: ddp | fsdp
     seq_len: int | None = None
     tokens_per_step: int | None = None  # causal LM: exact; padded tasks: the most a step holds
     num_params: int | None = None
@@ -63,6 +64,11 @@ class Summary:
     peak_memory_fraction: float | None = field(
         default=None, metadata=OPTIONAL
     )  # CUDA: of the device's memory
+    # Rank 0's parameters, gradients and optimizer state in bytes (FSDP: its shards): expected
+    # at start, measured after the first optimizer step; and every rank's total and peak.
+    model_state_bytes: dict[str, int] = field(default_factory=dict)
+    model_state_bytes_per_rank: list[int] | None = field(default=None, metadata=OPTIONAL)
+    peak_memory_bytes_per_rank: list[int] | None = field(default=None, metadata=OPTIONAL)
     oom_count: int = 0
     mfu: float | None = field(default=None, metadata=OPTIONAL)
     wall_time_s: float | None = None

@@ -53,6 +53,7 @@ class Optimizer:
     uses_betas: bool = False  # reads training.betas (two moving averages)
     # What besides the name changes its memory per step (the micro-batch cache keys on it)
     memory_identity: Callable[[OptimizerSettings], list[Any]] = lambda t: []
+    steps_shards: bool = True  # steps FSDP's sharded (DTensor) parameters
 
     def check(self, training: OptimizerSettings) -> None:
         """The settings this optimizer reads, before any work."""

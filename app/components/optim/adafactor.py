@@ -49,5 +49,8 @@ OPTIMIZERS.add(
         # above ~10, with room for the vectors.
         state_bytes_per_param=1,
         args=Args,
+        # torch's Adafactor updates its factored moments in place on the gradient's row and
+        # column norms, which a sharded (DTensor) parameter cannot do in place (torch 2.13).
+        steps_shards=False,
     )
 )

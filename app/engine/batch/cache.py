@@ -2,7 +2,8 @@
 
 The key holds everything that changes the memory a micro-batch needs (device and its memory,
 model config, sequence length, precision, gradient checkpointing, compile, optimizer, library
-versions, injected faults), not the effective batch. Each entry keeps every candidate's result
+versions, injected faults, parallelism and world size), not the effective batch. Each entry
+keeps every candidate's result
 (OOM or not, peak memory fraction, samples/s), so a run with another memory margin or effective
 batch reuses it. Writers take a file lock, merge and replace the file atomically; an OOM, once
 seen, sticks.
@@ -72,6 +73,7 @@ def cache_key(setup: ProbeSetup, model: torch.nn.Module) -> dict[str, Any]:
     import transformers
 
     device, m, t = setup.machine.device, setup.model, setup.training
+    dist = setup.machine.dist
     return {
         "version": CACHE_VERSION,
         "device": [device.type, device.name, device.total_memory_bytes or host_memory_bytes()],
@@ -89,6 +91,9 @@ def cache_key(setup: ProbeSetup, model: torch.nn.Module) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "faults": dataclasses.asdict(setup.faults),
+        # Under FSDP a rank holds 1/world of the model state; DDP adds its gradient buckets.
+        "parallelism": [dist.parallelism, dist.world_size]
+        + ([t.fsdp.reshard_after_forward] if dist.sharded else []),
     }
 
 

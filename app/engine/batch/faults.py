@@ -3,7 +3,8 @@
 `faults.oom_above_micro_batch=N` fails any micro-batch of more than N samples in the phase
 `faults.oom_phase` (forward, backward, optimizer, eval) from optimizer step `faults.oom_from_step`
 on. This lets the batch probe and OOM recovery run on a CPU, in tests and for users, exactly as they
-would on a GPU that ran out of memory.
+would on a GPU that ran out of memory. `faults.kill_in_checkpoint=STEP` SIGKILLs the process while
+it writes that step's sharded checkpoint (`faults.kill_rank`: only that rank), as a crash would.
 """
 
 from __future__ import annotations
@@ -21,10 +22,17 @@ class FaultInjector:
         self.phase = "forward" if cfg is None else cfg.oom_phase
         self.from_step = 0 if cfg is None else cfg.oom_from_step
         self.fired = 0
+        self.kill_step = None if cfg is None else cfg.kill_in_checkpoint
+        if cfg is not None and cfg.kill_rank is not None and cfg.kill_rank != rank:
+            self.kill_step = None
 
     @property
     def active(self) -> bool:
         return self.limit is not None
+
+    def kills_in_checkpoint(self, step: int) -> bool:
+        """faults.kill_in_checkpoint: this rank dies while writing this step's checkpoint."""
+        return self.kill_step == step
 
     def check(self, phase: str, micro_batch: int, step: int) -> None:
         if self.limit is None or phase != self.phase or step < self.from_step:

@@ -4,6 +4,12 @@ When the per-rank batch is not a multiple of the micro-batch, the step is split 
 whose sizes differ by at most one (32 with micro 5 -> 5,5,5,5,4,4,4), never rounded to a nearby
 effective batch. The loss is normalized by the target tokens of the whole step, so an uneven split
 gives the same gradient as an even one.
+
+Under torchrun every rank runs the same number of micro-batches, the number the largest share
+needs: FSDP's forwards are collectives, and the ranks agree on out-of-memory errors before each
+micro-batch, so their micro-batches must pair up. A share one sample smaller is split into as
+many parts (9 over 2 ranks at micro-batch 2: 2,2,1 and 2,1,1); at micro-batch 1 it runs one
+micro-batch of weight zero (`padding`), which adds nothing to the gradient.
 """
 
 from __future__ import annotations
@@ -20,9 +26,20 @@ def split_sizes(total: int, max_micro: int) -> list[int]:
     """Sizes of the fewest micro-batches of at most `max_micro` that sum to `total`, within one."""
     if total < 1 or max_micro < 1:
         raise ValueError(f"cannot split {total} samples into micro-batches of {max_micro}")
-    count = math.ceil(total / max_micro)
+    return split_even(total, math.ceil(total / max_micro))
+
+
+def split_even(total: int, count: int) -> list[int]:
+    """`total` samples in `count` micro-batches whose sizes differ by at most one."""
     base, extra = divmod(total, count)
     return [base + 1] * extra + [base] * (count - extra)
+
+
+def eval_padding(share: int, total: int, world_size: int, micro: int) -> int:
+    """Evaluation micro-batches of weight zero a rank with `share` of `total` validation samples
+    runs so that every rank runs as many as the largest share needs (its shares differ by one)."""
+    largest = math.ceil(total / world_size)
+    return math.ceil(largest / micro) - math.ceil(share / micro)
 
 
 # training.eval_micro_batch_size=auto: evaluation runs EVAL_FACTOR times the training
@@ -57,12 +74,25 @@ class BatchPlan:
         return rank_share(self.effective_batch_size, self.world_size, self.rank)
 
     @property
+    def micro_count(self) -> int:
+        """Micro-batches per step, the same on every rank: what the largest share needs."""
+        largest = math.ceil(self.effective_batch_size / self.world_size)
+        return math.ceil(largest / self.micro_batch_size)
+
+    @property
     def micro_sizes(self) -> list[int]:
-        return split_sizes(self.per_rank_batch, self.micro_batch_size)
+        """This rank's micro-batches: its share in micro_count parts (fewer if it is smaller)."""
+        share = self.per_rank_batch
+        return split_even(share, min(self.micro_count, share))
+
+    @property
+    def padding(self) -> int:
+        """Micro-batches of weight zero that make this rank's count micro_count."""
+        return self.micro_count - len(self.micro_sizes)
 
     @property
     def grad_accum_steps(self) -> int:
-        return len(self.micro_sizes)
+        return self.micro_count
 
     def with_micro_batch(self, micro: int, source: str, **details: Any) -> BatchPlan:
         """The plan with another training micro-batch; a larger evaluation micro-batch shrinks
@@ -87,6 +117,7 @@ class BatchPlan:
         sizes = self.micro_sizes
         even = len(set(sizes)) == 1
         split = f"{sizes[0]} x {len(sizes)}" if even else f"{'+'.join(map(str, sizes))}"
+        split += f" + {self.padding} of weight 0" if self.padding else ""
         evaluation = (
             f"; evaluation micro-batch {self.eval_micro_batch_size}"
             if self.eval_micro_batch_size
@@ -111,5 +142,6 @@ def fixed_plan(effective: int, micro: int, world_size: int, rank: int) -> BatchP
             f"training.effective_batch_size={effective} is smaller than the world size "
             f"{world_size}; every rank needs at least one sample per step"
         )
-    per_rank = rank_share(effective, world_size, rank)
-    return BatchPlan(effective, min(micro, per_rank), world_size, rank, "fixed")
+    # Capped by the largest share, not this rank's: every rank's plan names the same size.
+    largest = math.ceil(effective / world_size)
+    return BatchPlan(effective, min(micro, largest), world_size, rank, "fixed")

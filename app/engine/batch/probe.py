@@ -20,7 +20,8 @@ micro-batch run as 11+11+10, so the plan says 11.
 
 Cache (app/batch/cache.py): one JSON file per shape under `<data.cache_dir>/autobatch/` (or
 `training.auto_batch.cache_dir`), keyed by everything that changes memory
-use. Writers take a file lock and merge, and write atomically, so parallel HPO workers neither
+use (FSDP's shards too: parallelism and world size). Writers take a file lock and merge, and
+write atomically, so parallel HPO workers neither
 corrupt nor lose entries. Failures are sticky: an OOM learned during a run (`record_oom`) caps
 every later run of that shape.
 
@@ -31,6 +32,7 @@ thrown away, so the run trains exactly as it would with the chosen micro-batch f
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import torch
@@ -48,6 +50,7 @@ from app.engine.batch.cache import (
 from app.engine.batch.choice import agree_across_ranks, candidate_rows, choose, memory_limit
 from app.engine.batch.plan import BatchPlan, fixed_plan
 from app.engine.batch.search import MemoryMeter, Probe
+from app.engine.distributed import agree_all
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +62,19 @@ def auto_plan(
     `meter`, the memory reading; a test gives its own)."""
     dist, device = setup.machine.dist, setup.machine.device
     t, ab = setup.training, setup.training.auto_batch
-    base = fixed_plan(t.effective_batch_size, 1, dist.world_size, dist.rank)  # validates
-    per_rank = base.per_rank_batch
+    fixed_plan(t.effective_batch_size, 1, dist.world_size, dist.rank)  # validates
+    # The largest share, the same on every rank: ranks probe and pick alike.
+    per_rank = math.ceil(t.effective_batch_size / dist.world_size)
     cap = ab.cpu_max_micro_batch if device.type == "cpu" else ab.max_micro_batch
     upper = max(1, min(per_rank, cap))
     limit = memory_limit(device, setup.machine.preset, ab)
     key = cache_key(setup, model)
     path = cache_path(setup.cache_dir, key) if setup.cache_dir is not None else None
     entry = read_entry(path, key) if path else None
-    if entry is not None and covers(entry, upper, limit):
+    hit = entry is not None and covers(entry, upper, limit)
+    if dist.sharded:  # FSDP ranks probe together: all use the cache, or none
+        hit = agree_all(hit, dist)
+    if hit and entry is not None:
         trials, source, stats = entry["trials"], "cached", {"probe_seconds": 0.0, "probe_steps": 0}
     else:
         probe = Probe(setup, model, data, limit, meter)

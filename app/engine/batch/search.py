@@ -6,6 +6,12 @@ judged on the step after it, plus one evaluation micro-batch. The probe stops af
 `max_probe_steps` steps or `max_probe_seconds`. The model, its RNG and its gradients are
 restored afterwards, and the probe's optimizer is thrown away, so the run trains exactly as it
 would with the chosen micro-batch fixed.
+
+Under DDP each rank probes its own device with the unwrapped model, no collective in it, and
+the ranks take the smallest pick. Under FSDP the probe trains the sharded model, whose forwards
+and backwards are collectives, at each rank's real (sharded) memory: the ranks probe in
+lockstep, agreeing on each candidate's outcome (an OOM on any rank fails it, the highest peak
+and the lowest speed count) and on the budget, so they try the same sizes in the same order.
 """
 
 from __future__ import annotations
@@ -24,15 +30,17 @@ import torch
 
 from app.components.hardware.devices import DeviceInfo
 from app.components.hardware.memory import host_memory_bytes
-from app.components.models.shape import maybe_compile
+from app.components.models.shape import compiles, maybe_compile
 from app.components.optim import OPTIMIZERS
 from app.components.schedule import build_scheduler
 from app.components.tasks.base import TaskData, move
 from app.engine import checkpoint as ckpt
+from app.engine.agreement import AgreedOOM, Agreement
 from app.engine.batch.cache import ProbeSetup, Trials, failed, fits_below_failure
 from app.engine.batch.choice import split_candidates
 from app.engine.batch.faults import FaultInjector
 from app.engine.batch.plan import EVAL_FACTOR, BatchPlan
+from app.engine.distributed import DistInfo, agree_all, host_buffer, without_autograd
 from app.engine.evaluation import eval_sums
 from app.engine.recovery import release_after_oom
 from app.engine.run import Run
@@ -86,20 +94,28 @@ class Probe:
                 if throughput_aware:
                     self.time_top(per_rank, upper)
             finally:
-                compiled = self.probe_run.model is not self.model
                 del self.probe_run
-                if compiled:
+                if compiles(self.setup.model, self.setup.machine.preset):
                     # Drop the probe's graphs: the many shapes it tried would otherwise leave the
                     # run dynamic-shape graphs or past dynamo's recompile limit (eager fallback).
                     torch._dynamo.reset()
         log.info("batch probe: %d steps in %.1fs", self.budget.steps, self.budget.elapsed)
         return self.trials
 
+    @property
+    def lockstep(self) -> bool:
+        """FSDP over several ranks: they probe together."""
+        return self.setup.machine.dist.sharded and self.setup.machine.dist.enabled
+
     def _probe_run(self) -> Run:
         s, tdev, precision = self.setup, self.device.torch_device, self.setup.machine.precision
         optimizer = OPTIMIZERS.get(s.training.optimizer).create(self.model, s.training)
+        dist = s.machine.dist
         return Run(
-            model=maybe_compile(self.model, s.model, s.machine.preset),
+            # FSDP: the sharded model, its blocks compiled already; DDP: the model on its own.
+            model=self.model
+            if dist.sharded
+            else maybe_compile(self.model, s.model, s.machine.preset),
             raw_model=self.model,
             optimizer=optimizer,
             scheduler=build_scheduler(optimizer, s.training),
@@ -112,7 +128,9 @@ class Probe:
             run_dir=Path("."),
             task=s.task,
             scaler=torch.amp.GradScaler(tdev.type) if precision.use_grad_scaler else None,
-            faults=FaultInjector(s.faults),
+            faults=FaultInjector(s.faults, dist.rank),
+            dist=dist if dist.sharded else DistInfo(),
+            agreement=Agreement(dist.rank, enabled=self.lockstep, group=dist.host_group),
         )
 
     def search(self, upper: int) -> None:
@@ -155,10 +173,13 @@ class Probe:
 
     def measure(self, micro: int, warmup: int, timed: int) -> dict[str, Any] | None:
         steps = warmup + timed
-        if not (self.budget.allows(steps, self._estimate(micro, steps)) or not self.trials):
+        allowed = self.budget.allows(steps, self._estimate(micro, steps)) or not self.trials
+        if not (agree_all(allowed, self.setup.machine.dist) if self.lockstep else allowed):
             return None
         started = time.perf_counter()
         trial = self._steps(micro, warmup, timed)
+        if self.lockstep:
+            trial = agreed_trial(trial, self.setup.machine.dist)
         self.last = (micro, (time.perf_counter() - started) / steps)
         old = self.trials.get(micro, {})
         self.trials[micro] = {**old, **{k: v for k, v in trial.items() if v is not None}}
@@ -183,7 +204,7 @@ class Probe:
         run.plan = BatchPlan(micro, micro)
         batch = run.task.worst_case(self.data.train, micro)
         self.meter.reset()
-        fastest, error = math.inf, None
+        fastest, error, alone = math.inf, None, False
         try:
             for i in range(warmup + timed):
                 t0 = time.perf_counter()
@@ -195,10 +216,12 @@ class Probe:
                     fastest = min(fastest, time.perf_counter() - t0)
             eval_micro_batch(run, run.task.worst_case(self.data.val, self.eval_size(micro)))
         except torch.OutOfMemoryError as exc:
-            error = str(exc).splitlines()[0]
+            error, alone = str(exc).splitlines()[0], not isinstance(exc, AgreedOOM)
         if error is not None:
             # Outside the except block: the traceback no longer pins the failed step's tensors.
-            release_after_oom(run)
+            if alone:
+                run.agreement.join(0)
+            release_after_oom(run, batch)
             return {"oom": True, "error": error}
         return {
             "oom": False,
@@ -207,13 +230,36 @@ class Probe:
         }
 
 
-@torch.inference_mode()
+def agreed_trial(trial: dict[str, Any], dist: DistInfo) -> dict[str, Any]:
+    """One candidate's outcome as every rank records it: an OOM on any rank, the highest
+    peak, the lowest speed (the ranks step together, at the slowest one's pace)."""
+    import torch.distributed as tdist
+
+    peak, speed = trial.get("peak_fraction"), trial.get("samples_per_sec")
+    flags = host_buffer(
+        "probe_trial",
+        [float(trial["oom"]), -1.0 if peak is None else peak, 1.0 if speed is None else -speed],
+        torch.float64,
+    )
+    tdist.all_reduce(flags, op=tdist.ReduceOp.MAX, group=dist.host_group)
+    oom, peak, speed = flags.tolist()
+    if oom:
+        return {"oom": True, "error": trial.get("error") or "out of memory on another rank"}
+    return {
+        "oom": False,
+        "peak_fraction": None if peak < 0 else peak,
+        "samples_per_sec": None if speed > 0 else -speed,
+    }
+
+
+@without_autograd
 def eval_micro_batch(run: Run, batch: Any) -> None:
     run.model.eval()
     try:
         x, y = run.task.inputs_and_targets(batch)
-        run.faults.check("eval", len(y), 0)
+        run.agreement.boundary(run.faults, "eval", len(y), 0)
         eval_sums(run, move(x, run.device), y.to(run.device), run.model)
+        run.agreement.settle(0, "evaluated")
     finally:
         run.model.train()
 
@@ -221,14 +267,17 @@ def eval_micro_batch(run: Run, batch: Any) -> None:
 @contextlib.contextmanager
 def preserved(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
     """Leave the model, its gradients and the RNG as they were before the probe."""
-    # On the host: a device copy would count against the very memory being probed.
-    state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    # On the host: a device copy would count against the very memory being probed. Of a
+    # sharded (FSDP) model, this rank's shards, copied back in place.
+    state = {k: _local(v).detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     rng = ckpt.rng_state()
     was_training = model.training
     try:
         yield
     finally:
-        model.load_state_dict(state)
+        with torch.no_grad():
+            for k, v in model.state_dict().items():
+                _local(v).copy_(state[k])
         model.zero_grad(set_to_none=True)
         model.train(was_training)
         ckpt.set_rng_state(rng)
@@ -236,6 +285,12 @@ def preserved(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)  # the run's peak is the run's
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class MemoryMeter:
