@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import runpy
 import shutil
 import subprocess
@@ -136,6 +137,15 @@ CASES = [
     ("resume-shape", [RESUME, "model.n_embd=64"], "trained with model.n_embd=32"),
     ("resume-garbage", ["training.resume={tmp}/garbage.pt"], "is unreadable"),
     ("resume-pickle", ["training.resume={tmp}/pickled.pt"], "is unreadable"),
+    ("resume-shards-pickle", ["training.resume={tmp}/step_00000001"], "is unreadable"),
+    # parallelism
+    ("parallelism", ["training.parallelism=zero3"], "training.parallelism='zero3' is not"),
+    (
+        "fsdp-adafactor",
+        ["training.parallelism=fsdp", "training.optimizer=adafactor"],
+        "training.optimizer=adafactor cannot step the sharded parameters",
+    ),
+    ("fault-kill", ["faults.kill_in_checkpoint=0"], "faults.kill_in_checkpoint=0 must be"),
 ]
 
 
@@ -204,6 +214,11 @@ def scratch(tmp_path, finished_run, saved_datasets, pretrained) -> Path:
     torch.save(
         {"model": {}, "step": 1, "payload": os.stat_result((0,) * 10)}, tmp_path / "pickled.pt"
     )
+    # A sharded checkpoint whose index (DCP reads it with pickle) holds that object.
+    shards = tmp_path / "step_00000001"
+    shards.mkdir()
+    torch.save({"optimizer": {}, "scheduler": {}, "step": 1, "rng": {}}, shards / "train_state.pt")
+    (shards / ".metadata").write_bytes(pickle.dumps(os.stat_result((0,) * 10)))
     return tmp_path
 
 

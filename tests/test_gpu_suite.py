@@ -146,7 +146,7 @@ def test_the_dry_run_runs_the_cpu_parts_and_checks_the_gpu_commands(dry_run):
     ddp = next(c for c in steps["scale"]["commands"] if c["label"] == "ddp")
     assert "torch.distributed.run" in ddp["command"] and ddp["reason"] == "no CUDA"
     fsdp = next(c for c in steps["scale"]["commands"] if c["label"] == "fsdp")
-    assert fsdp["status"] == "skipped" and "training.parallelism" in fsdp["reason"]
+    assert "training.parallelism=fsdp" in fsdp["command"] and fsdp["reason"] == "no CUDA"
 
 
 # --- failures, time-outs and interruptions, with steps built here ---------------------------

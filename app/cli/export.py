@@ -55,8 +55,9 @@ def export_checkpoint(source: Path, out: Path | None = None) -> tuple[Path, Path
 
 def find_checkpoint(source: Path) -> Path:
     from app.engine import checkpoint as ckpt
+    from app.engine.sharded_checkpoint import is_sharded
 
-    if source.is_file():
+    if source.is_file() or is_sharded(source):
         return source
     for directory in (source / "checkpoints", source):
         found = ckpt.list_checkpoints(directory)
@@ -125,8 +126,15 @@ def is_earlier_export(directory: Path, ours: bool = False) -> bool:
 def load_state(path: Path) -> TrainState:
     import torch
 
-    from app.engine.checkpoint import TrainState
+    from app.core.errors import ConfigError
+    from app.engine.checkpoint import TrainState, load_checkpoint
+    from app.engine.sharded_checkpoint import is_sharded
 
+    if is_sharded(path):  # its shards load into the model once it is rebuilt
+        try:
+            return load_checkpoint(path)
+        except ConfigError as exc:
+            raise ExportError(str(exc).removeprefix("training.resume: ")) from None
     try:  # weights_only: a checkpoint is data, never code to run
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:
@@ -198,7 +206,12 @@ def rebuild(settings: RunSettings, checkpoint: Path, state: TrainState) -> tuple
         check_rebuilt(tokenizer, recorded, checkpoint)
     model = task.build_model(settings.model, data)
     try:
-        model.load_state_dict(state.model)
+        if state.shards is not None:
+            from app.engine.sharded_checkpoint import load_weights
+
+            load_weights(model, Path(state.shards))
+        else:
+            model.load_state_dict(state.model)
     except (RuntimeError, KeyError) as exc:
         raise ExportError(
             f"{checkpoint}: its weights do not fit the model its config describes "

@@ -159,9 +159,27 @@ def load_shards(
 
     weights = get_model_state_dict(model)
     optim = get_optimizer_state_dict(model, optimizer)  # its state allocated, to fill
-    dcp.load({"model": weights, "optimizer": optim["state"]}, storage_reader=SafeReader(path))
+    read({"model": weights, "optimizer": optim["state"]}, path)
     set_model_state_dict(model, weights)
     set_optimizer_state_dict(model, optimizer, {"state": optim["state"], "param_groups": groups})
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """The checkpoint's weights alone into a whole model, in one process (the export)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    weights = get_model_state_dict(model)
+    read({"model": weights}, path)
+    set_model_state_dict(model, weights)
+
+
+def read(state: dict[str, Any], path: Path) -> None:
+    """DCP's load of `state`'s tensors from `path`, through the safe reader."""
+    import warnings
+
+    with warnings.catch_warnings():  # one process: DCP notes it loads without a group
+        warnings.filterwarnings("ignore", message=".*single process.*", category=UserWarning)
+        dcp.load(state, storage_reader=SafeReader(path))
 
 
 def remove_temporaries(directory: Path) -> None:

@@ -72,8 +72,7 @@ def auto_plan(
     path = cache_path(setup.cache_dir, key) if setup.cache_dir is not None else None
     entry = read_entry(path, key) if path else None
     hit = entry is not None and covers(entry, upper, limit)
-    if dist.sharded:  # FSDP ranks probe together: all use the cache, or none
-        hit = agree_all(hit, dist)
+    hit = agree_all(hit, dist)  # the ranks probe together: all use the cache, or none
     if hit and entry is not None:
         trials, source, stats = entry["trials"], "cached", {"probe_seconds": 0.0, "probe_steps": 0}
     else:

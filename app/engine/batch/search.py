@@ -7,11 +7,12 @@ judged on the step after it, plus one evaluation micro-batch. The probe stops af
 restored afterwards, and the probe's optimizer is thrown away, so the run trains exactly as it
 would with the chosen micro-batch fixed.
 
-Under DDP each rank probes its own device with the unwrapped model, no collective in it, and
-the ranks take the smallest pick. Under FSDP the probe trains the sharded model, whose forwards
-and backwards are collectives, at each rank's real (sharded) memory: the ranks probe in
-lockstep, agreeing on each candidate's outcome (an OOM on any rank fails it, the highest peak
-and the lowest speed count) and on the budget, so they try the same sizes in the same order.
+Under torchrun every rank probes at its own real memory and the ranks agree on each candidate's
+outcome (an OOM on any rank fails it, the highest peak and the lowest speed count) and on the
+budget, so they try the same sizes in the same order and cache the worst rank's results. Under
+DDP the probe trains the model without its DDP wrapper (no collective in a step); under FSDP it
+trains the sharded model, whose steps are collectives, with the OOM agreement at each phase
+boundary (app/engine/agreement.py).
 """
 
 from __future__ import annotations
@@ -104,8 +105,8 @@ class Probe:
 
     @property
     def lockstep(self) -> bool:
-        """FSDP over several ranks: they probe together."""
-        return self.setup.machine.dist.sharded and self.setup.machine.dist.enabled
+        """Under torchrun the ranks agree on each candidate and on the budget."""
+        return self.setup.machine.dist.enabled
 
     def _probe_run(self) -> Run:
         s, tdev, precision = self.setup, self.device.torch_device, self.setup.machine.precision
@@ -130,7 +131,8 @@ class Probe:
             scaler=torch.amp.GradScaler(tdev.type) if precision.use_grad_scaler else None,
             faults=FaultInjector(s.faults, dist.rank),
             dist=dist if dist.sharded else DistInfo(),
-            agreement=Agreement(dist.rank, enabled=self.lockstep, group=dist.host_group),
+            # FSDP's steps are collectives: the ranks agree on OOMs at each phase boundary.
+            agreement=Agreement(dist.rank, dist.sharded and dist.enabled, dist.host_group),
         )
 
     def search(self, upper: int) -> None:
