@@ -88,7 +88,7 @@ def _wait_for(tmp_path: Path, ready: Callable[[list[FrozenTrial]], bool], proc=N
         if ready(_trials(tmp_path)):
             return
         if proc is not None and proc.poll() is not None:
-            out, err = proc.communicate()
+            _out, err = proc.communicate()
             raise AssertionError(f"the sweep ended first ({proc.returncode}): {err[-2000:]}")
         time.sleep(0.1)
     raise AssertionError("the sweep never got there")
@@ -127,12 +127,15 @@ def test_two_workers_on_their_own_devices_run_trials_with_no_barrier(tmp_path):
 
 
 def test_a_worker_killed_mid_trial_leaves_the_budget_to_the_other(tmp_path):
-    args = _args(tmp_path, 3, "hpo.workers=2", "hpo.retry_stale=1", "fake.hold_below=1")
+    # stale_after: longer than the test waits; the parent fails the trial the moment its
+    # worker is gone, not when its heartbeat is overdue.
+    args = _args(tmp_path, 3, "hpo.workers=2", "hpo.retry_stale=1", "hpo.stale_after=600",
+                 "fake.hold_below=1")  # fmt: skip
     parent = _start(tmp_path, args)
     _wait_for(tmp_path, lambda ts: bool(ts) and _running(ts[0]), parent)
     victim = _trials(tmp_path)[0].user_attrs["worker_pid"]
     os.kill(victim, signal.SIGKILL)
-    out, err = parent.communicate(timeout=120)
+    _out, err = parent.communicate(timeout=120)
     assert parent.returncode == 1, err[-2000:]
     assert "error: 1 of 2 workers did not end cleanly" in err and "killed by SIGKILL" in err
     trials = _trials(tmp_path)
@@ -170,11 +173,10 @@ def test_sigterm_to_the_parent_preempts_every_worker_and_the_command_resumes(tmp
 
 @pytest.mark.parametrize("launcher", ["submitit_local", "joblib"])
 def test_a_launcher_runs_the_fleet_as_long_lived_worker_jobs(tmp_path, launcher):
-    plugin = {"submitit_local": "hydra_plugins.hydra_submitit_launcher", "joblib": "hydra_plugins.hydra_joblib_launcher"}  # fmt: skip
-    pytest.importorskip(plugin[launcher])
+    pytest.importorskip(f"hydra_plugins.hydra_{launcher.split('_')[0]}_launcher")
     parent = _start(tmp_path, _args(tmp_path, 6, "hpo.workers=2", "hpo.devices=[0,1]",
                                     f"hydra/launcher={launcher}"))  # fmt: skip
-    _out, err = parent.communicate(timeout=300)
+    out, err = parent.communicate(timeout=300)
     assert parent.returncode == 0, err[-2000:]
     trials = _trials(tmp_path)
     assert _budget_spent(trials, 6) and len(trials) == 6
@@ -188,3 +190,5 @@ def test_a_launcher_runs_the_fleet_as_long_lived_worker_jobs(tmp_path, launcher)
     if launcher == "submitit_local":
         jobs = [p for p in (tmp_path / "multirun" / ".submitit").iterdir() if p.name.isdigit()]
         assert len(jobs) == 2
+    else:
+        assert "is launching 2 jobs" in out

@@ -58,8 +58,10 @@ class FleetJob:
         )
         try:
             sweeper.sweep(list(self.arguments))
-        except SystemExit as e:  # the worker's status: the job's result
-            return e.code if isinstance(e.code, int) else 1
+        except SystemExit as e:
+            if isinstance(e.code, int) and e.code >= 0:  # the worker's status: the job's result
+                return e.code
+            raise  # the launcher's own exit (submitit's, once it requeued a timed-out job)
         return 0
 
 

@@ -28,10 +28,7 @@ class Fleet:
 
     @property
     def local(self) -> bool:
-        """Hydra's basic launcher runs jobs one after another in this process: the fleet's
-        workers are then processes of this node."""
-        choices = self.sweeper.config.hydra.runtime.choices
-        return str(choices.get("hydra/launcher", "basic")) == "basic"
+        return runs_here(self.sweeper.config)
 
     def run(self, plan: Any) -> int:
         """Run the fleet on `plan.study` until its budget is spent; the fleet's status."""
@@ -68,20 +65,28 @@ class Fleet:
         )
 
 
+def runs_here(config: Any) -> bool:
+    """Hydra's basic launcher runs jobs one after another in this process: a fleet's workers
+    are then processes of this node."""
+    choices = config.hydra.runtime.choices
+    return str(choices.get("hydra/launcher", "basic")) == "basic"
+
+
 def plan_fleet_of(sweeper: Any, s: SweepSettings, arguments: list[str]) -> Fleet | None:
     """The fleet hpo.workers asks for, checked; None for a lone worker (or a fleet's own)."""
     hpo = read_hpo(sweeper.config.get("hpo"))
     if hpo is None:
         return None
-    plan = plan_fleet(
-        hpo.workers, hpo.devices, hpo.gpus_per_trial, hpo.trials_per_gpu, visible_gpus()
-    )
+    # A launcher's jobs run on the nodes it picks, with the devices it gives them: this
+    # node's GPUs say nothing about theirs (hpo.devices, when set, pins them all the same).
+    visible = visible_gpus() if runs_here(sweeper.config) else []
+    plan = plan_fleet(hpo.workers, hpo.devices, hpo.gpus_per_trial, hpo.trials_per_gpu, visible)
     if not plan.is_fleet or fleet_worker():
         return None
     if not s.storage.persistent:
         raise SweepConfigError(
             f"hpo.workers={plan.workers} needs a study the workers share, but "
-            f"{s.storage.key}=null keeps it in this process's memory; allowed: a journal file "
+            f"{s.storage.key} keeps it in this process's memory; allowed: a journal file "
             "(one node) or a database URL (a cluster)"
         )
     return Fleet(plan, sweeper, list(arguments))
