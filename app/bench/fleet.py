@@ -46,12 +46,17 @@ def run_fleet_bench(extra: list[str], rounds: int = 1, workers: tuple[int, ...] 
     for _ in range(rounds):
         for n in workers:
             runs[n].append(run_arm(n, extra))
-    arms = {n: summarize(rs) for n, rs in runs.items()}
-    base = arms[workers[0]]
+    arms = with_ratios({n: summarize(rs) for n, rs in runs.items()})
+    return {"study": STUDY + extra, "rounds": rounds, "arms": arms, "runs": runs}
+
+
+def with_ratios(arms: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Each arm's trials per hour over the first arm's (1 worker), measured in the same run."""
+    base = next(iter(arms.values()))
     for arm in arms.values():
         arm["ratio_wall"] = arm["trials_per_hour_wall"] / base["trials_per_hour_wall"]
         arm["ratio_span"] = arm["trials_per_hour_span"] / base["trials_per_hour_span"]
-    return {"study": STUDY + extra, "rounds": rounds, "arms": arms, "runs": runs}
+    return arms
 
 
 def run_arm(workers: int, extra: list[str]) -> dict[str, Any]:
