@@ -288,6 +288,7 @@ SWEEP_CASES = [
     ("fleet-split", ["hpo.devices=[0,1,2]", "hpo.gpus_per_trial=2"], "cannot be split"),
     ("fleet-seats", ["hpo.workers=3", "hpo.devices=[0,1]"], "hpo.workers=3 is more than"),
     ("fleet-memory", ["hpo.workers=2", "hpo.storage=memory"], "needs a study the workers share"),
+    ("fleet-per-run", ["hpo.workers=2", "hydra.sweeper.n_trials=3"], "study-wide budget"),
 ]
 
 

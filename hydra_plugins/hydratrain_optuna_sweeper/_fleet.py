@@ -120,7 +120,10 @@ class LocalFleet:
         ticker = TrialTicker(self.study)
         with self._forwarding_signals():
             for m in self.members:
-                self._start(m, command)
+                if self.signum is None:
+                    self._start(m, command)
+                else:  # stopped while starting them: the rest never start
+                    m.status = 128 + self.signum
             self._watch(ticker)
         return self._status()
 

@@ -83,6 +83,12 @@ def plan_fleet_of(sweeper: Any, s: SweepSettings, arguments: list[str]) -> Fleet
     plan = plan_fleet(hpo.workers, hpo.devices, hpo.gpus_per_trial, hpo.trials_per_gpu, visible)
     if not plan.is_fleet or fleet_worker():
         return None
+    if s.budget.per_run:
+        raise SweepConfigError(
+            f"hpo.workers={plan.workers} needs a study-wide budget, but {s.budget.key}="
+            f"{s.budget.n_trials} counts the trials of each run (each worker would run that "
+            "many); allowed: hpo.n_trials, the study's total"
+        )
     if not s.storage.persistent:
         raise SweepConfigError(
             f"hpo.workers={plan.workers} needs a study the workers share, but "
