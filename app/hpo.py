@@ -7,7 +7,8 @@
 - what a run can be scored on (`objectives`: the summary.json keys and the metrics reported at
   evaluations, each with the direction that is better);
 - how a run ended (`status_of`: a typed `Status`, never a class name), and the signal handling
-  and password masking both sides share.
+  and password masking both sides share;
+- the GPUs a fleet of workers can be pinned to (`visible_gpus`, without starting CUDA).
 
 The sweeper names the reporter's factory in `hpo.reporter` (a dotted path), so nothing here
 imports the sweeper.
@@ -20,6 +21,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.components.hardware.visible import visible_gpus
 from app.config.compose import one_line
 from app.config.hpo import HpoConfig
 from app.config.jobs import check_job_config, task_of
@@ -49,6 +51,7 @@ __all__ = [
     "status_of",
     "stop_on_signals",
     "task_of",
+    "visible_gpus",
 ]
 
 # summary.json keys every run writes that a study may optimize, and which way is better. The

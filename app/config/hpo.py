@@ -45,5 +45,14 @@ class HpoConfig:
     # key set to null here is not searched.
     params: Any = None
     tensorboard: bool = True  # hparams per trial in <hydra.sweep.dir>/tensorboard
+    # The fleet (README, "A node, a cluster"): worker processes sharing the study, each pinned
+    # to its own GPUs through CUDA_VISIBLE_DEVICES. workers: a number, or auto (one per
+    # gpus_per_trial visible GPUs, 1 without a GPU); devices: null (the visible GPUs) or a list
+    # of CUDA_VISIBLE_DEVICES entries; gpus_per_trial: ranks of each trial (torchrun's API);
+    # trials_per_gpu: workers that share one GPU (small trials).
+    workers: Any = 1
+    devices: Any = None
+    gpus_per_trial: int = 1
+    trials_per_gpu: int = 1
     trial_number: int | None = None  # set by the sweeper for each job
     reporter: str | None = None  # set by the sweeper: dotted path of fn(cfg) -> Reporter

@@ -22,6 +22,8 @@ from omegaconf import DictConfig, OmegaConf, read_write
 
 from ._checks import check_objectives, check_space
 from ._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
+from ._fleet_plan import fleet_worker, seeded_for_worker
+from ._fleet_run import Fleet, plan_fleet_of
 from ._results import check_completed
 from ._samplers import EvalSchedule, build_pruner, build_sampler, grid_size
 from ._settings import StockKeys, SweepSettings, read_settings
@@ -49,6 +51,8 @@ class OptunaSweeperImpl(Sweeper):
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Any = None
+        self.task_function: TaskFunction | None = None
+        self.fleet: Fleet | None = None  # set by _plan when hpo.workers starts workers here
         self.mask = Masker()  # every password the sweep holds, once its settings are read
 
     def setup(
@@ -56,6 +60,7 @@ class OptunaSweeperImpl(Sweeper):
     ) -> None:
         self.config = config
         self.hydra_context = hydra_context
+        self.task_function = task_function
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
@@ -63,7 +68,7 @@ class OptunaSweeperImpl(Sweeper):
     def sweep(self, arguments: list[str]) -> None:
         try:
             plan = self._plan(arguments)
-            status = Worker(plan).run()
+            status = self.fleet.run(plan) if self.fleet else Worker(plan).run()
             if not status:  # a stopped worker's status says more than its study's state
                 check_completed(plan.study)
         except SweepConfigError as e:
@@ -75,12 +80,13 @@ class OptunaSweeperImpl(Sweeper):
             print(f"error: {self.mask(str(e))}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         if status:
-            print(
-                f"stopped: {_signal_name(status)}: the worker recorded its trials and stopped; "
-                "rerun the same command to resume the study",
-                file=sys.stderr,
-                flush=True,
-            )
+            if not self.fleet:  # a fleet said why, for each of its workers
+                print(
+                    f"stopped: {_signal_name(status)}: the worker recorded its trials and "
+                    "stopped; rerun the same command to resume the study",
+                    file=sys.stderr,
+                    flush=True,
+                )
             raise SystemExit(status)
 
     def _plan(self, arguments: list[str]) -> Plan:
@@ -94,14 +100,16 @@ class OptunaSweeperImpl(Sweeper):
         job_cfg = check_space(self._compose, space, str(self.config.hydra.job.config_name))
         check_objectives(job_cfg, s)
         sampler = build_sampler(
-            s.sampler, s.sampler_key, space.grid, len(s.directions), oom=s.reports
+            seeded_for_worker(s.sampler), s.sampler_key, space.grid, len(s.directions), s.reports
         )
         if isinstance(sampler, optuna.samplers.GridSampler):  # as stock: at most the grid
             _cap_to_grid(s, grid_size(space.grid()))
         schedule = EvalSchedule.of(job_cfg)
         pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions), schedule)
+        self.fleet = plan_fleet_of(self, s, arguments)
         study = self._open_study(s, sampler, pruner)
-        self._write_multirun_yaml(sweep_dir)
+        if not fleet_worker():  # the fleet's parent wrote it
+            self._write_multirun_yaml(sweep_dir)
         log.info(
             "Study %s in %s: %s, sampler %s, pruner %s",
             study.study_name,

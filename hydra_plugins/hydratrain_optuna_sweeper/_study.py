@@ -198,32 +198,35 @@ def fail_stale_trials(study: optuna.Study, live: Liveness, exclude: set[int]) ->
         silent = now - _last_beat(t)
         if private.trial_id(t) in exclude or silent <= live.stale_after:
             continue
-        retry = (
-            live.retry_stale > 0 and len(t.system_attrs.get("retry_history", [])) < live.retry_stale
-        )
-        if _fail_stale(study, t, silent, uncount=retry):
+        if fail_as_stale(study, t, live, f"no heartbeat for {silent:.0f}s (worker killed?)"):
             failed.append(t.number)
-            if retry:
-                requeue(study, t)
+            log.warning("Trial %d had no heartbeat for %.0fs: failed as stale", t.number, silent)
     return failed
 
 
-def _fail_stale(study: optuna.Study, t: FrozenTrial, silent_for: float, uncount: bool) -> bool:
+def fail_as_stale(study: optuna.Study, t: FrozenTrial, live: Liveness, error: str) -> bool:
+    """Fail a RUNNING trial whose worker is gone, re-queued per hpo.retry_stale; False when
+    another worker got there first."""
+    retry = live.retry_stale > 0 and len(t.system_attrs.get("retry_history", [])) < live.retry_stale
+    if not _fail_stale(study, t, error, uncount=retry):
+        return False
+    if retry:
+        requeue(study, t)
+    return True
+
+
+def _fail_stale(study: optuna.Study, t: FrozenTrial, error: str, uncount: bool) -> bool:
     try:
         # Attributes first: a finished trial can no longer be changed. The state change is the
         # claim: only the worker whose update succeeds re-queues the trial.
         with private.finished_trial_guard():
             private.set_user_attr(study, t, "reason", "stale")
-            error = f"no heartbeat for {silent_for:.0f}s (worker killed?)"
             private.set_user_attr(study, t, "error", error)
             if uncount:  # its retry takes the slot
                 private.set_system_attr(study, t, UNCOUNTED, True)
     except private.TrialFinished:  # another worker got there first
         return False
-    if not private.claim_failed(study, t):
-        return False
-    log.warning("Trial %d had no heartbeat for %.0fs: failed as stale", t.number, silent_for)
-    return True
+    return private.claim_failed(study, t)
 
 
 def requeue(study: optuna.Study, t: FrozenTrial, user_attrs: dict[str, Any] | None = None) -> None:

@@ -27,6 +27,7 @@ from app.hpo import StopRequest, stop_on_signals
 from . import _private as private
 from . import reporter
 from ._errors import SweepAborted, first_line
+from ._fleet_plan import WorkerIdentity
 from ._outcomes import Outcome, classify, error_attrs
 from ._results import HParamsWriter, write_results
 from ._samplers import record_oom_constraint
@@ -66,6 +67,7 @@ class Worker:
         self.hparams = HParamsWriter(plan.sweep_dir) if self.s.tensorboard else None
         self.finished = 0
         self.failed = 0
+        self.identity = WorkerIdentity.here().attrs()  # recorded on each trial it runs
 
     def run(self) -> int:
         """Run trials until the budget is spent; 0, or 128 + the signal that stopped it."""
@@ -127,6 +129,8 @@ class Worker:
             return []
         trials = [t for t, _ in jobs]
         for trial in trials:
+            for key, value in self.identity.items():  # before it runs: a fleet finds orphans
+                trial.set_user_attr(key, value)
             reporter.register_live_trial(p.job_storage, self.study.study_name, trial)
         try:
             with heartbeat(self.study, trials, self.s.liveness.heartbeat_interval):

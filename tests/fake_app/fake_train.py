@@ -62,6 +62,7 @@ def main(cfg: DictConfig) -> float | list[float]:
     time.sleep(f.setup_sleep)  # a signal now reaches the sweeper's handler, not this run's
     stop = StopRequest()
     with stop_on_signals(stop):
+        _hold(f, hpo, stop)
         loss, step = _train(t, f, reporter, stop)
     run_dir = HydraConfig.get().runtime.output_dir
     summary = {
@@ -75,6 +76,7 @@ def main(cfg: DictConfig) -> float | list[float]:
         "effective_batch_size": t.effective_batch_size,
         "peak_memory_bytes": 1,
         "run_dir": run_dir,
+        "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),  # as the trial's process saw them
     }
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     Path(run_dir, "summary.json").write_text(json.dumps(summary))
@@ -84,6 +86,15 @@ def main(cfg: DictConfig) -> float | list[float]:
     reporter.set_attrs(TrialAttrs(**{k: v for k, v in summary.items() if k in known}))
     metric = cfg.objective
     return summary[metric] if isinstance(metric, str) else [summary[m] for m in metric]
+
+
+def _hold(f, hpo, stop: StopRequest) -> None:
+    """Trials numbered below fake.hold_below wait for fake.release_file (or a signal)."""
+    if f.hold_below is None or hpo is None or hpo.trial_number >= f.hold_below:
+        return
+    Path(f"{f.release_file}.{hpo.trial_number}.holding").touch()  # SIGTERM is this run's now
+    while not Path(f.release_file).exists() and not stop.requested:
+        time.sleep(0.05)
 
 
 def _train(t, f, reporter, stop: StopRequest) -> tuple[float, int]:
