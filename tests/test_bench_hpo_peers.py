@@ -54,7 +54,7 @@ def test_goals_say_met_or_missed_with_their_figures():
     assert not g["asha_keeps_the_best"]["met"]  # 1.05 != 1.0
     report = {"reference_best": 1.0, "studies": studies, "same_configurations": {}, "goals": g}
     table = peers_table(report)
-    assert "| default | complete: 1 | 120 | 10 | 1.0000 | 90 | 0.30 |" in table
+    assert "| default | complete: 1 | 120 | 0 | 10 | 1.0000 | 90 | 0.30 |" in table
     assert "goal asha_keeps_the_best: MISSED" in table
 
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.bench.hpo import STUDY, fatal_env, run_study
+from app.bench.hpo import STUDY, children_cpu_s, fatal_env, run_study
 
 ARMS = {"none": ["hpo.pruner=none"], "default": [], "asha": ["hpo.pruner=asha"]}
 PEERS = ("trainer", "trainer-optuna-defaults")
@@ -74,9 +74,9 @@ def run_trainer_study(extra: list[str], name: str) -> dict[str, Any]:
         }
         Path(tmp, "spec.json").write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "app.bench.hf_study", f"{tmp}/spec.json"]
-        started, started_at = time.perf_counter(), time.time()
+        started, started_at, cpu = time.perf_counter(), time.time(), children_cpu_s()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=fatal_env())
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, children_cpu_s() - cpu
         if proc.returncode != 0:
             raise SystemExit(f"Trainer study failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         storage = optuna.storages.JournalStorage(JournalFileBackend(spec["journal"]))
@@ -86,6 +86,7 @@ def run_trainer_study(extra: list[str], name: str) -> dict[str, Any]:
     return {
         "wall_s": wall,
         "started_at": started_at,
+        "cpu_s": cpu,
         "pruner_args": spec["pruner_args"],
         "states": {s: sum(r["state"] == s for r in rows) for s in {r["state"] for r in rows}},
         "optimizer_steps": sum(r["steps"] for r in rows),
@@ -202,9 +203,9 @@ def peers_table(report: dict[str, Any]) -> str:
     lines = [
         f"reference: the unpruned study's best {best:.4f}; within 1 %: <= {best * 1.01:.4f}",
         "",
-        "| contender | trials (state: n) | wall s | optimizer steps | best value | "
+        "| contender | trials (state: n) | wall s | CPU s | optimizer steps | best value | "
         "s to within 1 % | / unpruned wall |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in report["studies"].items():
         states = ", ".join(f"{k.lower()}: {v}" for k, v in sorted(s["states"].items()))
@@ -213,7 +214,8 @@ def peers_table(report: dict[str, Any]) -> str:
         share = "" if reach is None else f"{reach / none['wall_s']:.2f}"
         value = "n/a" if s["best_value"] is None else f"{s['best_value']:.4f}"
         lines.append(
-            f"| {name} | {states} | {s['wall_s']:.0f} | {s['optimizer_steps']:,} | {value} | "
+            f"| {name} | {states} | {s['wall_s']:.0f} | {s.get('cpu_s', 0):.0f} | "
+            f"{s['optimizer_steps']:,} | {value} | "
             f"{shown} | {share} |"
         )
     lines += ["", f"same configurations as the reference: {report['same_configurations']}"]
