@@ -69,9 +69,11 @@ def _study(tmp_path: Path, pruner: optuna.pruners.BasePruner | None = None) -> o
     return optuna.create_study(study_name="s", storage=storage, pruner=pruner or _asha())
 
 
-def _reach_rung(study: optuna.Study, value: float, step: int = 20) -> tuple[int, bool]:
+def _reach_rung(
+    study: optuna.Study, value: float, step: int = 20, trial: optuna.trial.Trial | None = None
+) -> tuple[int, bool]:
     """A job reaching the rung: it reports; paused, the worker records it as such."""
-    trial = study.ask()
+    trial = trial or study.ask()
     trial.suggest_float("x", 0, 1)
     for s in range(10, step + 1, 10):
         trial.report(value + (step - s), s)
@@ -123,6 +125,21 @@ def test_a_promotion_is_a_waiting_copy_that_resumes_and_holds_no_slot(tmp_path):
     # Paused trials that never get promoted stay PRUNED with their last report as value.
     assert [t.state for t in study.get_trials()[1:3]] == [TrialState.PRUNED] * 2
     assert study.get_trials()[1].value == 2.0
+
+
+def test_the_stock_n_trials_counts_new_trials_only_and_still_promotes(tmp_path):
+    """hydra.sweeper.n_trials (RunBudget): N more trials per run; promotions are not trials."""
+    from hydra_plugins.hydratrain_optuna_sweeper._study import RunBudget
+
+    study = _study(tmp_path)
+    budget = RunBudget(study, 3, None, LIVE, promoter=Promoter(study, study, 3))
+    for value in (1.0, 2.0, 3.0):
+        (trial,) = budget.next_trials(1)
+        _reach_rung(study, value, trial=trial)
+        budget.done(trial)
+    (copy,) = budget.next_trials(1)
+    assert private.frozen(study, copy).system_attrs[PROMOTED_FROM] == 0
+    assert budget.started == 3 and budget.next_trials(1) == []
 
 
 def test_a_preempted_promoted_trial_stays_in_its_line_and_holds_no_slot(tmp_path):

@@ -218,9 +218,10 @@ def _cap_to_grid(s: SweepSettings, size: int) -> None:
 
 def _budget_text(s: SweepSettings) -> str:
     b = s.budget
+    cap = f", at most {s.budget_s:g} device-seconds (hpo.budget_s)" if s.budget_s else ""
     if b.per_run:
-        return f"{b.n_trials} more trials ({b.key})"
-    return f"{b.n_trials} trials in all ({b.key})"
+        return f"{b.n_trials} more trials ({b.key}){cap}"
+    return f"{b.n_trials} trials in all ({b.key}){cap}"
 
 
 def _signal_name(status: int) -> str:
