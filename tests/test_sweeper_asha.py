@@ -100,6 +100,28 @@ def test_the_first_trials_are_paused_not_judged_against_fewer_than_eta(tmp_path)
     assert chosen is not None and chosen.number == first
 
 
+def test_a_job_in_another_process_pauses_at_a_rung(tmp_path):
+    """The reporter a job rebuilds from the storage (another process: a launcher's, a fleet's
+    torchrun) places the rungs on the job's own schedule and raises Paused there."""
+    from app.hpo import Paused, build_reporter
+
+    study = _study(tmp_path)
+    trial = study.ask()
+    hpo = {
+        "study_name": "s",
+        "storage": str(tmp_path / "s.journal"),
+        "trial_number": trial.number,
+        "reporter": "hydra_plugins.hydratrain_optuna_sweeper.reporter.reporter_for_job",
+        "pruner": "asha",
+    }
+    cfg = OmegaConf.create({"hpo": hpo, "training": {"eval_every": 10, "max_steps": 120}})
+    reporter = build_reporter(cfg.hpo, cfg)
+    assert reporter.report(10, {"val_loss": 3.0}) is False  # not a rung
+    with pytest.raises(Paused) as paused:
+        reporter.report(20, {"val_loss": 2.0})  # alone at the first rung
+    assert paused.value.step == 20
+
+
 def test_a_trial_in_the_top_third_of_its_rung_goes_on(tmp_path):
     study = _study(tmp_path)
     for value in (2.0, 3.0):
