@@ -7,7 +7,13 @@ import optuna
 import pytest
 
 from app.bench.hf_study import ARGUMENT, _space, _suggest
-from app.bench.hpo_peers import _same_configurations, goals, peers_table, reach_seconds
+from app.bench.hpo_peers import (
+    _same_configurations,
+    goals,
+    peers_table,
+    reach_seconds,
+    reach_steps,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -37,6 +43,7 @@ def test_reach_is_the_first_completed_trial_within_one_percent_of_the_best():
         _row(3, 1.0, 1050.0),
     ]
     assert reach_seconds(_study(60, rows), best=1.0) == pytest.approx(30.0)
+    assert reach_steps(_study(60, rows), best=1.0) == 30  # trials 0-2 had ended by then
     assert reach_seconds(_study(60, rows[:1]), best=1.0) is None
 
 
@@ -54,7 +61,7 @@ def test_goals_say_met_or_missed_with_their_figures():
     assert not g["asha_keeps_the_best"]["met"]  # 1.05 != 1.0
     report = {"reference_best": 1.0, "studies": studies, "same_configurations": {}, "goals": g}
     table = peers_table(report)
-    assert "| default | complete: 1 | 120 | 0 | 10 | 1.0000 | 90 | 0.30 |" in table
+    assert "| default | complete: 1 | 120 | 0 | 10 | 1.0000 | 90 | 0.30 | 10 |" in table
     assert "goal asha_keeps_the_best: MISSED" in table
 
 

@@ -48,6 +48,7 @@ def run_peers_bench(extra: list[str], contenders: list[str]) -> dict[str, Any]:
     best = studies["none"]["best_value"]
     for s in studies.values():
         s["reach_s"] = reach_seconds(s, best)
+        s["reach_steps"] = reach_steps(s, best)
     return {
         "reference_best": best,
         "studies": {k: _without_curves(v) for k, v in studies.items()},
@@ -140,6 +141,16 @@ def reach_seconds(study: dict[str, Any], best: float) -> float | None:
     return min(ends) - study["started_at"] if ends else None
 
 
+def reach_steps(study: dict[str, Any], best: float) -> int | None:
+    """Optimizer steps the study had trained when it first came within 1 % of `best`: what the
+    pruner saved, whatever the load of the machine (the trials that ended by then)."""
+    reach = reach_seconds(study, best)
+    if reach is None:
+        return None
+    by = study["started_at"] + reach
+    return sum(t["steps"] for t in study["trials"] if t["end"] is not None and t["end"] <= by)
+
+
 def _same_configurations(studies: dict[str, Any]) -> dict[str, bool]:
     """Did each contender draw the reference's configurations, in its order?"""
     ref = [t["params"] for t in sorted(studies["none"]["trials"], key=lambda t: t["number"])]
@@ -204,8 +215,8 @@ def peers_table(report: dict[str, Any]) -> str:
         f"reference: the unpruned study's best {best:.4f}; within 1 %: <= {best * 1.01:.4f}",
         "",
         "| contender | trials (state: n) | wall s | CPU s | optimizer steps | best value | "
-        "s to within 1 % | / unpruned wall |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "s to within 1 % | / unpruned wall | steps to within 1 % |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in report["studies"].items():
         states = ", ".join(f"{k.lower()}: {v}" for k, v in sorted(s["states"].items()))
@@ -213,10 +224,11 @@ def peers_table(report: dict[str, Any]) -> str:
         shown = "never" if reach is None else f"{reach:.0f}"
         share = "" if reach is None else f"{reach / none['wall_s']:.2f}"
         value = "n/a" if s["best_value"] is None else f"{s['best_value']:.4f}"
+        steps = reach_steps(s, best)
         lines.append(
             f"| {name} | {states} | {s['wall_s']:.0f} | {s.get('cpu_s', 0):.0f} | "
-            f"{s['optimizer_steps']:,} | {value} | "
-            f"{shown} | {share} |"
+            f"{s['optimizer_steps']:,} | {value} | {shown} | {share} | "
+            f"{'' if steps is None else format(steps, ',')} |"
         )
     lines += ["", f"same configurations as the reference: {report['same_configurations']}"]
     for goal, g in report["goals"].items():
