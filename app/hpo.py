@@ -26,7 +26,7 @@ from app.config.compose import one_line
 from app.config.hpo import HpoConfig
 from app.config.jobs import check_job_config, task_of
 from app.core.errors import ConfigError, first_line
-from app.core.outcomes import Status, status_of
+from app.core.outcomes import Paused, Status, status_of
 from app.core.preemption import StopRequest, stop_on_signals
 from app.core.redact import MASK, URL_PASSWORD, mask_url_passwords
 
@@ -38,6 +38,7 @@ __all__ = [
     "HpoConfig",
     "NullReporter",
     "Objectives",
+    "Paused",
     "Reporter",
     "Status",
     "StopRequest",
@@ -62,6 +63,7 @@ RUN_METRICS = {
     "final_train_loss": "minimize",
     "peak_memory_bytes": "minimize",
     "wall_time_s": "minimize",
+    "device_seconds": "minimize",  # the run's cost: (train + eval time) x devices
 }
 
 
@@ -74,6 +76,7 @@ class TrialAttrs:
     effective_batch_size: int | None = None
     peak_memory_bytes: int | None = None
     tokens_per_sec: float | None = None
+    device_seconds: float | None = None  # this job's (a resumed trial: since its resume)
     run_dir: str | None = None
     status: str | None = None
 

@@ -282,6 +282,12 @@ SWEEP_CASES = [
     ("direction", ["hpo.direction=up"], "hpo.direction='up'"),
     ("sampler", ["hpo.sampler=annealing"], "hpo.sampler='annealing'"),
     ("pruner", ["hpo.pruner=always"], "hpo.pruner='always'"),
+    (
+        "asha-factor",
+        ["hpo.pruner=asha", "hpo.pruner_args={reduction_factor:1}"],
+        "hpo.pruner_args.reduction_factor=1",
+    ),
+    ("budget-s", ["hpo.budget_s=-5"], "hpo.budget_s=-5"),
     ("override-typo", ["training.lrr=0.1"], "training.lrr: no such setting"),
     ("sweep-option", ["model=gpt5"], "model=gpt5 is not an option"),
     ("fleet-workers", ["hpo.workers=0"], "hpo.workers=0 is not allowed"),

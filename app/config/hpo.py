@@ -22,16 +22,19 @@ class HpoConfig:
     # minimize | maximize, or one per metric; null: each metric's own (loss down, tokens/s up)
     direction: Any = None
     metric: Any = "final_val_loss"  # summary.json key(s) the study optimizes
-    report_metric: str = "val_loss"  # reported at each evaluation, for pruning
+    # Reported at each evaluation; the pruner judges it, for several objectives too
+    report_metric: str = "val_loss"
     sampler: str = "tpe"  # an option of hydra/sweeper/sampler: tpe, random, cmaes, nsgaii, ...
     # Mappings, typed Any with null for none: `hpo.sampler_args={population_size: 10}` on the
     # command line then sets keys that are not there yet (Hydra refuses new keys in a dict).
     sampler_args: Any = None  # fields of that sampler config
     seed: int | None = 0  # the sampler's seed unless sampler_args sets one
-    # successive_halving | median | hyperband | none; defaults follow training.eval_every and
-    # max_steps (hydra_plugins/.../_samplers.py pruner_defaults); measured: docs/benchmarks.md
+    # successive_halving | asha | median | hyperband | none; defaults follow training.eval_every
+    # and max_steps (hydra_plugins/.../_samplers.py pruner_defaults); measured: docs/benchmarks.md
     pruner: str = "successive_halving"
-    pruner_args: Any = None  # arguments of the Optuna pruner
+    pruner_args: Any = None  # arguments of the Optuna pruner (asha: reduction_factor, min_resource)
+    # Device-seconds (train + eval time x devices) the whole study may spend; null: no cap
+    budget_s: float | None = None
     max_failure_rate: float = 0.5  # FAIL share of this worker's trials that stops it
     min_trials_for_failure_rate: int = 4
     heartbeat_interval: float = 15.0  # seconds between heartbeats of a running trial

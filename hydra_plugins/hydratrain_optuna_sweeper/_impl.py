@@ -20,7 +20,10 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, read_write
 
+from ._asha import AshaPruner, Promoter
 from ._checks import check_objectives, check_space
+from ._companion import Judge, open_companion
+from ._cost import CostCap
 from ._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
 from ._fleet_plan import fleet_worker, seeded_for_worker
 from ._fleet_run import Fleet, plan_fleet_of
@@ -106,8 +109,10 @@ class OptunaSweeperImpl(Sweeper):
             _cap_to_grid(s, grid_size(space.grid()))
         schedule = EvalSchedule.of(job_cfg)
         pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions), schedule)
+        judged_by = build_pruner(s.pruner, s.pruner_args, 1, schedule)  # the report metric's
         self.fleet = plan_fleet_of(self, s, arguments)
         study = self._open_study(s, sampler, pruner)
+        judge = _judge(study, s, judged_by)
         if not fleet_worker():  # the fleet's parent wrote it
             self._write_multirun_yaml(sweep_dir)
         log.info(
@@ -116,13 +121,12 @@ class OptunaSweeperImpl(Sweeper):
             self.mask(s.storage.text),
             _budget_text(s),
             type(sampler).__name__,
-            type(pruner).__name__,
+            type(judged_by if judge.companion is not None else pruner).__name__,
         )
-        budget_cls = RunBudget if s.budget.per_run else StudyBudget
         return Plan(
             settings=s,
             study=study,
-            budget=budget_cls(study, s.budget.n_trials, s.storage.lock_path, s.liveness),
+            budget=_budget(study, s, judge),
             space=space,
             hook=hook,
             config=self.config,
@@ -132,6 +136,7 @@ class OptunaSweeperImpl(Sweeper):
             mask=self.mask,
             # CmaEsSampler ignores constraints, and warns about each trial that has one.
             constraints=s.reports and not isinstance(sampler, optuna.samplers.CmaEsSampler),
+            judge=judge,
         )
 
     def _compose(self, overrides: list[str]) -> DictConfig:
@@ -176,6 +181,24 @@ class OptunaSweeperImpl(Sweeper):
         Path(sweep_dir, "multirun.yaml").write_text(text)
 
 
+def _judge(study: optuna.Study, s: SweepSettings, pruner: Any) -> Judge:
+    """Several objectives with a pruner: the companion study judges hpo.report_metric."""
+    if not (s.multi_objective and s.reports and s.pruner != "none"):
+        return Judge(study)
+    assert s.report_metric is not None
+    companion = open_companion(study, s.report_metric, s.report_direction, pruner)
+    return Judge(study, companion)
+
+
+def _budget(study: optuna.Study, s: SweepSettings, judge: Judge) -> RunBudget | StudyBudget:
+    pruner = judge.study.pruner
+    promoter = Promoter(study, judge.study, pruner.eta) if isinstance(pruner, AshaPruner) else None
+    cost = CostCap(study, s.budget_s) if s.budget_s is not None else None
+    cls = RunBudget if s.budget.per_run else StudyBudget
+    b = s.budget
+    return cls(study, b.n_trials, s.storage.lock_path, s.liveness, promoter=promoter, cost=cost)
+
+
 def _space(s: SweepSettings, arguments: list[str]) -> SearchSpace:
     entries: list[Entry] = []
     if s.search_space is not None:
@@ -203,9 +226,10 @@ def _cap_to_grid(s: SweepSettings, size: int) -> None:
 
 def _budget_text(s: SweepSettings) -> str:
     b = s.budget
+    cap = f", at most {s.budget_s:g} device-seconds (hpo.budget_s)" if s.budget_s else ""
     if b.per_run:
-        return f"{b.n_trials} more trials ({b.key})"
-    return f"{b.n_trials} trials in all ({b.key})"
+        return f"{b.n_trials} more trials ({b.key}){cap}"
+    return f"{b.n_trials} trials in all ({b.key}){cap}"
 
 
 def _signal_name(status: int) -> str:
