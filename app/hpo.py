@@ -7,7 +7,8 @@
 - what a run can be scored on (`objectives`: the summary.json keys and the metrics reported at
   evaluations, each with the direction that is better);
 - how a run ended (`status_of`: a typed `Status`, never a class name), and the signal handling
-  and password masking both sides share.
+  and password masking both sides share;
+- the GPUs a fleet of workers can be pinned to (`visible_gpus`, without starting CUDA).
 
 The sweeper names the reporter's factory in `hpo.reporter` (a dotted path), so nothing here
 imports the sweeper.
@@ -20,11 +21,12 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.components.hardware.visible import visible_gpus
 from app.config.compose import one_line
 from app.config.hpo import HpoConfig
 from app.config.jobs import check_job_config, task_of
 from app.core.errors import ConfigError, first_line
-from app.core.outcomes import Status, status_of
+from app.core.outcomes import Paused, Status, status_of
 from app.core.preemption import StopRequest, stop_on_signals
 from app.core.redact import MASK, URL_PASSWORD, mask_url_passwords
 
@@ -36,6 +38,7 @@ __all__ = [
     "HpoConfig",
     "NullReporter",
     "Objectives",
+    "Paused",
     "Reporter",
     "Status",
     "StopRequest",
@@ -49,6 +52,7 @@ __all__ = [
     "status_of",
     "stop_on_signals",
     "task_of",
+    "visible_gpus",
 ]
 
 # summary.json keys every run writes that a study may optimize, and which way is better. The
@@ -59,6 +63,7 @@ RUN_METRICS = {
     "final_train_loss": "minimize",
     "peak_memory_bytes": "minimize",
     "wall_time_s": "minimize",
+    "device_seconds": "minimize",  # the run's cost: (train + eval time) x devices
 }
 
 
@@ -71,6 +76,7 @@ class TrialAttrs:
     effective_batch_size: int | None = None
     peak_memory_bytes: int | None = None
     tokens_per_sec: float | None = None
+    device_seconds: float | None = None  # this job's (a resumed trial: since its resume)
     run_dir: str | None = None
     status: str | None = None
 

@@ -28,11 +28,14 @@ def main(cfg: DictConfig) -> float | list[float]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from app.engine.ranks import run_ranks, trial_ranks
     from app.engine.runner import run_training
 
     hc = HydraConfig.get()
     try:
         config = load_config(cfg)
+        if (ranks := trial_ranks(config)) > 1:  # hpo.gpus_per_trial: DDP through torchrun's API
+            return run_ranks(config, hc.runtime.output_dir, ranks)
         summary = run_training(config, run_dir=hc.runtime.output_dir)
     except (ConfigError, RunOutcome) as exc:
         if hc.mode == RunMode.MULTIRUN:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from app.components.data.loader import rank_share
 from app.components.hardware.precision import PrecisionPlan
 from app.components.optim import OPTIMIZERS
 from app.components.schedule import build_scheduler
 from app.components.tasks.causal_lm import CausalLM
 from app.config import TrainingConfig
-from app.engine.batch.plan import BatchPlan, fixed_plan, rank_share, split_sizes
+from app.engine.batch.plan import BatchPlan, fixed_plan, split_sizes
 from app.engine.run import Run
 from app.engine.step import loss_sum, train_step
 from tests.conftest import lm_model

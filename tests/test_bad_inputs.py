@@ -297,8 +297,19 @@ SWEEP_CASES = [
     ("direction", ["hpo.direction=up"], "hpo.direction='up'"),
     ("sampler", ["hpo.sampler=annealing"], "hpo.sampler='annealing'"),
     ("pruner", ["hpo.pruner=always"], "hpo.pruner='always'"),
+    (
+        "asha-factor",
+        ["hpo.pruner=asha", "hpo.pruner_args={reduction_factor:1}"],
+        "hpo.pruner_args.reduction_factor=1",
+    ),
+    ("budget-s", ["hpo.budget_s=-5"], "hpo.budget_s=-5"),
     ("override-typo", ["training.lrr=0.1"], "training.lrr: no such setting"),
     ("sweep-option", ["model=gpt5"], "model=gpt5 is not an option"),
+    ("fleet-workers", ["hpo.workers=0"], "hpo.workers=0 is not allowed"),
+    ("fleet-split", ["hpo.devices=[0,1,2]", "hpo.gpus_per_trial=2"], "cannot be split"),
+    ("fleet-seats", ["hpo.workers=3", "hpo.devices=[0,1]"], "hpo.workers=3 is more than"),
+    ("fleet-memory", ["hpo.workers=2", "hpo.storage=memory"], "needs a study the workers share"),
+    ("fleet-per-run", ["hpo.workers=2", "hydra.sweeper.n_trials=3"], "study-wide budget"),
 ]
 
 

@@ -235,3 +235,20 @@ def test_rounds_rotate_so_every_arm_runs_in_every_slot(monkeypatch):
     )
     slots = [seen[i::3] for i in range(3)]  # who ran first, second, third in each round
     assert all(sorted(slot) == ["bare", "hf", "trainer"] for slot in slots)
+
+
+def test_the_fleet_table_gives_ratios_to_one_worker_and_medians_over_rounds() -> None:
+    from app.bench.fleet import fleet_table, summarize, with_ratios
+
+    def run(workers: int, wall: float, span: float) -> dict:
+        by = {"None": 16} if workers == 1 else {"0": 8, "1": 8}
+        return {"workers": workers, "trials": 16, "wall_s": wall, "span_s": span,
+                "median_trial_s": 1.0, "trials_by_worker": by}  # fmt: skip
+
+    one = summarize([run(1, 200, 190), run(1, 100, 90), run(1, 120, 110)])
+    two = summarize([run(2, 60, 55), run(2, 70, 60), run(2, 64, 58)])
+    arms = with_ratios({1: one, 2: two})
+    assert arms[1]["wall_s"] == 120 and arms[2]["span_s"] == 58  # medians
+    assert math.isclose(arms[2]["ratio_wall"], 120 / 64)
+    table = fleet_table({"arms": arms, "rounds": 3})
+    assert "| 2 | 16 | 64.0 | 900 | 1.88x |" in table and "0: 8, 1: 8" in table

@@ -14,6 +14,7 @@ from app.components.data.documents import split_documents
 from app.components.data.loader import (
     StepDataset,
     make_step_loader,
+    rank_slice,
     resolve_num_workers,
     step_sample_indices,
     val_batches,
@@ -22,7 +23,6 @@ from app.components.data.rows import expand_paths
 from app.components.data.tokenizers import load_tokenizer, tokenize_documents
 from app.components.data.tokens import load_token_data
 from app.config import ConfigError, DataConfig
-from app.engine.batch.plan import rank_slice
 from tests.conftest import resolved
 
 

@@ -144,6 +144,7 @@ def test_other_errors_fail_with_the_message_and_the_rate_limit_stops_the_sweep(t
         ("hpo.direction=up", "hpo.direction"),
         ("hydra.sweeper.params={training.lr:'interval(1e-4'}", "hydra.sweeper.params.training.lr"),
         ("hpo.storage=sqlite:////nonexistent/dir/x.db", "hpo.storage"),
+        ("hpo.budget_s=-5", "hpo.budget_s=-5"),
     ],
 )
 def test_bad_inputs_fail_before_any_trial(tmp_path, override, setting):

@@ -58,6 +58,7 @@ def test_a_live_trial_is_rebuilt_from_its_number(study):
     live.set_user_attr("k", "v")
     assert live.number == trial.number
     assert private.frozen(study, trial).intermediate_values == {3: 2.0}
+    assert private.trial_by_number(study, trial.number).intermediate_values == {3: 2.0}
 
 
 def test_finished_trials_refuse_updates_with_the_error_the_sweeper_catches(study):

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from app.bench import __doc__ as package_doc
+from app.bench.fleet import fleet_table, run_fleet_bench
 from app.bench.hpo import hpo_table, run_hpo_bench
+from app.bench.hpo_peers import CONTENDERS as HPO_PEERS
+from app.bench.hpo_peers import peers_table, run_peers_bench
 from app.bench.micro import adamw_step_times, adamw_table, measure_startup, startup_table
 from app.bench.profiles import CONTENDERS, PROFILES
 from app.bench.report import ablation_table, benchmark_table, machine_info
@@ -31,9 +34,16 @@ def main(argv: list[str] | None = None) -> int:
         adamw = adamw_step_times(args.rounds)
         report = {"machine": machine_info(), "adamw": adamw}
         print(adamw_table(adamw))
+    elif args.fleet:
+        report = {"machine": machine_info(), **run_fleet_bench(args.overrides, args.rounds)}
+        print(fleet_table(report))
     elif args.hpo:
         report = {"machine": machine_info(), **run_hpo_bench(args.overrides)}
         print(hpo_table(report))
+    elif args.hpo_peers:
+        peers = args.peers.split(",") if args.peers else list(HPO_PEERS)
+        report = {"machine": machine_info(), **run_peers_bench(args.overrides, peers)}
+        print(peers_table(report))
     elif args.ablate:
         report = run_ablations(args)
         print(ablation_table(report))
@@ -66,6 +76,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--startup-runs", type=int, default=7)
     p.add_argument("--adamw", action="store_true", help="time one AdamW step per implementation")
     p.add_argument("--hpo", action="store_true", help="a seeded study with and without pruning")
+    p.add_argument("--fleet", action="store_true", help="a seeded study with 1 and 2 workers")
+    p.add_argument(
+        "--hpo-peers",
+        action="store_true",
+        help="the seeded study by this sweeper (pruners) and by the transformers Trainer",
+    )
+    p.add_argument("--peers", help=f"hpo-peers: comma-separated subset of {','.join(HPO_PEERS)}")
     p.add_argument("--json", help="where to write the JSON report")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one spec file
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every contender")
@@ -73,7 +90,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def default_json_path(args: argparse.Namespace) -> str:
-    kinds = {"startup": args.startup, "adamw": args.adamw, "hpo": args.hpo, "ablate": args.ablate}
+    kinds = {
+        "startup": args.startup,
+        "adamw": args.adamw,
+        "hpo": args.hpo,
+        "fleet": args.fleet,
+        "hpo-peers": args.hpo_peers,
+        "ablate": args.ablate,
+    }
     kind = next((k for k, on in kinds.items() if on), "bench")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return f"outputs/bench/{kind}-{args.profile}-{stamp}.json"

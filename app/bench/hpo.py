@@ -122,8 +122,9 @@ def run_study(overrides: list[str]) -> dict[str, Any]:
             "hpo.study_name=bench", f"hpo.storage={tmp}/study.journal",
             f"hydra.sweep.dir={tmp}/multirun", f"data.cache_dir={tmp}/cache",
         ]  # fmt: skip
-        started = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        started, started_at, cpu = time.perf_counter(), time.time(), children_cpu_s()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=fatal_env())
+        cpu = children_cpu_s() - cpu
         if proc.returncode != 0:
             raise SystemExit(
                 f"study failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}"
@@ -135,11 +136,27 @@ def run_study(overrides: list[str]) -> dict[str, Any]:
     done = [t for t in trials if t["value"] is not None and t["state"] == "COMPLETE"]
     return {
         "wall_s": wall,
+        "started_at": started_at,  # epoch seconds: trials' "end" are on the same clock
+        "cpu_s": cpu,  # user + system seconds of the study's process: less swayed by load
         "states": {s: sum(t["state"] == s for t in trials) for s in {t["state"] for t in trials}},
         "optimizer_steps": sum(t["steps"] for t in trials),
         "best_value": min(t["value"] for t in done) if done else None,
         "trials": trials,
     }
+
+
+def children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def fatal_env() -> dict[str, str]:
+    """The environment of a study's process: a crash in C (an abort) says where, on stderr."""
+    import os
+
+    return {**os.environ, "PYTHONFAULTHANDLER": "1", "LIBC_FATAL_STDERR_": "1"}
 
 
 def trial_row(t: Any) -> dict[str, Any]:
@@ -154,7 +171,8 @@ def trial_row(t: Any) -> dict[str, Any]:
         "state": t.state.name,
         "value": t.value,
         "params": t.params,
-        "steps": summary.steps,
+        "steps": summary.steps - summary.resumed_from_step,  # trained by this trial's job
+        "end": t.datetime_complete.timestamp(),
         "batch_source": summary.batch_source,
         "seconds": seconds,
         "train_share": summary.train_time_s / seconds,

@@ -22,16 +22,19 @@ class HpoConfig:
     # minimize | maximize, or one per metric; null: each metric's own (loss down, tokens/s up)
     direction: Any = None
     metric: Any = "final_val_loss"  # summary.json key(s) the study optimizes
-    report_metric: str = "val_loss"  # reported at each evaluation, for pruning
+    # Reported at each evaluation; the pruner judges it, for several objectives too
+    report_metric: str = "val_loss"
     sampler: str = "tpe"  # an option of hydra/sweeper/sampler: tpe, random, cmaes, nsgaii, ...
     # Mappings, typed Any with null for none: `hpo.sampler_args={population_size: 10}` on the
     # command line then sets keys that are not there yet (Hydra refuses new keys in a dict).
     sampler_args: Any = None  # fields of that sampler config
     seed: int | None = 0  # the sampler's seed unless sampler_args sets one
-    # successive_halving | median | hyperband | none; defaults follow training.eval_every and
-    # max_steps (hydra_plugins/.../_samplers.py pruner_defaults); measured: docs/benchmarks.md
+    # successive_halving | asha | median | hyperband | none; defaults follow training.eval_every
+    # and max_steps (hydra_plugins/.../_samplers.py pruner_defaults); measured: docs/benchmarks.md
     pruner: str = "successive_halving"
-    pruner_args: Any = None  # arguments of the Optuna pruner
+    pruner_args: Any = None  # arguments of the Optuna pruner (asha: reduction_factor, min_resource)
+    # Device-seconds (train + eval time x devices) the whole study may spend; null: no cap
+    budget_s: float | None = None
     max_failure_rate: float = 0.5  # FAIL share of this worker's trials that stops it
     min_trials_for_failure_rate: int = 4
     heartbeat_interval: float = 15.0  # seconds between heartbeats of a running trial
@@ -45,5 +48,14 @@ class HpoConfig:
     # key set to null here is not searched.
     params: Any = None
     tensorboard: bool = True  # hparams per trial in <hydra.sweep.dir>/tensorboard
+    # The fleet (README, "A node, a cluster"): worker processes sharing the study, each pinned
+    # to its own GPUs through CUDA_VISIBLE_DEVICES. workers: a number, or auto (one per
+    # gpus_per_trial visible GPUs, 1 without a GPU); devices: null (the visible GPUs) or a list
+    # of CUDA_VISIBLE_DEVICES entries; gpus_per_trial: ranks of each trial (torchrun's API);
+    # trials_per_gpu: workers that share one GPU (small trials).
+    workers: Any = 1
+    devices: Any = None
+    gpus_per_trial: int = 1
+    trials_per_gpu: int = 1
     trial_number: int | None = None  # set by the sweeper for each job
     reporter: str | None = None  # set by the sweeper: dotted path of fn(cfg) -> Reporter

@@ -15,6 +15,7 @@ class Status(str, Enum):
     DIVERGED = "diverged"  # the loss became NaN or inf
     PRUNED = "pruned"  # the trial's pruner stopped it
     PREEMPTED = "preempted"  # SIGTERM/SIGINT: checkpointed, resumable
+    PAUSED = "paused"  # stopped at a rung by hpo.pruner=asha: checkpointed, may be promoted
     FAILED = "failed"  # anything else
 
 
@@ -53,6 +54,18 @@ class Preempted(RunOutcome):
         super().__init__(message)
         self.signum = signum  # the exit status is 128 + signum, as for a process it killed
         self.step = step  # optimizer steps done and saved
+
+
+class Paused(RunOutcome):
+    """The trial's pruner (hpo.pruner=asha) paused it at a rung: the run saved a checkpoint at
+    `step` and stopped. The sweeper may promote it later: it then resumes from that checkpoint
+    exactly, as a preempted run does."""
+
+    status = Status.PAUSED
+
+    def __init__(self, message: str, step: int = 0) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class WriteFailed(RunOutcome):

@@ -15,7 +15,7 @@ from app.components.tasks.base import move
 from app.core.outcomes import Diverged, Pruned
 from app.engine.agreement import AgreedOOM
 from app.engine.batch.plan import eval_padding
-from app.engine.distributed import all_reduce_sum, unwrap_ddp, without_autograd
+from app.engine.distributed import all_reduce_sum, any_rank, unwrap_ddp, without_autograd
 from app.engine.recovery import release_after_oom, shrink_eval_micro_batch, shrink_micro_batch
 from app.engine.run import Run
 from app.engine.summary import Summary
@@ -113,7 +113,9 @@ def eval_and_report(run: Run, step: int, summary: Summary) -> dict[str, float]:
         run.observers.logger.log(step, {f"val/{name}": value for name, value in values.items()})
     reported = {m.reported: values[m.name] for m in metrics}
     reported.update({m.final: values[m.name] for m in metrics})
-    if run.observers.reporter.report(step, reported) and step < run.cfg.max_steps:
+    pruned = run.observers.reporter.report(step, reported)  # rank 0's; the others' say no
+    # Under torchrun every rank must stop after the same step: rank 0's word reaches them all.
+    if any_rank(pruned, run.dist, run.device) and step < run.cfg.max_steps:
         shown = ", ".join(f"{m.name} {values[m.name]:.4f}" for m in metrics)
         raise Pruned(f"pruned at step {step} with validation {shown}")
     return values

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from app.core.outcomes import Preempted
+from app.core.outcomes import Paused, Preempted
 from app.engine.distributed import any_rank
 from app.engine.evaluation import eval_and_report
 from app.engine.metering import Throughput, Window, log_window
@@ -24,8 +24,8 @@ from app.engine.summary import Summary
 
 
 def train(run: Run, summary: Summary | None = None) -> Summary:
-    """Run to max_steps; return the summary (`summary`, filled as the run goes, so it holds the
-    progress when the run ends early). Raises Pruned, Diverged, TrainingOOM or Preempted."""
+    """Run to max_steps; return the summary (`summary`, filled as the run goes: it holds the
+    progress of a run ended early by Pruned, Paused, Diverged, TrainingOOM or Preempted)."""
     cfg, last = run.cfg, run.cfg.max_steps
     summary = Summary() if summary is None else summary
     start_summary(run, summary)
@@ -55,7 +55,7 @@ def train(run: Run, summary: Summary | None = None) -> Summary:
             summary.steps = done  # before the evaluation: a trial pruned there trained `done`
             if evaluates_at(done, cfg.eval_every, last):
                 with meter.pause():
-                    eval_and_report(run, done, summary)
+                    evaluate_or_pause(run, done, summary)
             saved = done == last or bool(cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
             if saved:
                 with meter.pause():
@@ -81,6 +81,16 @@ def start_summary(run: Run, summary: Summary) -> None:
     summary.final_val = {m.name: None for m in run.task.metrics}
     summary.steps = run.start_step
     summary.tokens_per_sec, summary.train_time_s = None, 0.0
+
+
+def evaluate_or_pause(run: Run, done: int, summary: Summary) -> None:
+    """Evaluate and report; a trial its pruner pauses at this rung keeps a checkpoint of this
+    step, which its promotion resumes from exactly."""
+    try:
+        eval_and_report(run, done, summary)
+    except Paused:
+        save(run, done)
+        raise
 
 
 def evaluates_at(done: int, every: int, last: int) -> bool:

@@ -139,6 +139,8 @@ def summarize_run(run: Run, summary: Summary) -> None:
     if run.device.type == "cuda" and summary.device_memory_bytes:
         summary.peak_memory_fraction = summary.peak_memory_bytes / summary.device_memory_bytes
     summary.oom_count = int(run.plan.details.get("oom_count", 0))
+    busy = summary.train_time_s + (summary.eval_time_s or 0.0)
+    summary.device_seconds = busy * run.dist.world_size
     facts = run.facts
     if summary.tokens_per_sec and facts.flops_per_token and facts.peak_tflops:
         per_device = summary.tokens_per_sec / run.dist.world_size

@@ -356,6 +356,7 @@ def trial_attrs(summary: Summary) -> TrialAttrs:
         effective_batch_size=summary.effective_batch_size,
         peak_memory_bytes=summary.peak_memory_bytes,
         tokens_per_sec=summary.tokens_per_sec,
+        device_seconds=summary.device_seconds,
         run_dir=summary.run_dir,
         status=summary.status,
     )

@@ -72,6 +72,8 @@ class Summary:
     oom_count: int = 0
     mfu: float | None = field(default=None, metadata=OPTIONAL)
     wall_time_s: float | None = None
+    # What the run cost: (train_time_s + eval_time_s) x world_size; hpo.budget_s sums it
+    device_seconds: float | None = None
     export_dir: str | None = field(default=None, metadata=OPTIONAL)
 
     def to_json(self) -> dict[str, Any]:

@@ -68,7 +68,20 @@ def check_objectives(cfg: DictConfig, s: SweepSettings) -> None:
     s.directions = [
         d or natural.get(m, "minimize") for d, m in zip(s.directions, s.metrics, strict=True)
     ]
+    if known is not None and s.report_metric is not None:
+        s.report_direction = known.reported[s.report_metric]
     _check_objective_key(cfg, s.metrics)
+    _check_resumable(cfg, s)
+
+
+def _check_resumable(cfg: DictConfig, s: SweepSettings) -> None:
+    """A paused trial resumes from its checkpoint through training.resume."""
+    training = cfg.get("training")
+    if s.pruner == "asha" and (training is None or "resume" not in training):
+        raise SweepConfigError(
+            "hpo.pruner=asha pauses trials and resumes them from their run dir, but the job "
+            "config has no training.resume; choose another hpo.pruner"
+        )
 
 
 def _one_of(key: str, names: Sequence[Any], allowed: dict[str, str], what: str) -> None:

@@ -20,8 +20,13 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, read_write
 
+from ._asha import AshaPruner, Promoter
 from ._checks import check_objectives, check_space
+from ._companion import Judge, open_companion
+from ._cost import CostCap
 from ._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
+from ._fleet_plan import fleet_worker, seeded_for_worker
+from ._fleet_run import Fleet, plan_fleet_of
 from ._results import check_completed
 from ._samplers import EvalSchedule, build_pruner, build_sampler, grid_size
 from ._settings import StockKeys, SweepSettings, read_settings
@@ -49,6 +54,8 @@ class OptunaSweeperImpl(Sweeper):
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Any = None
+        self.task_function: TaskFunction | None = None
+        self.fleet: Fleet | None = None  # set by _plan when hpo.workers starts workers here
         self.mask = Masker()  # every password the sweep holds, once its settings are read
 
     def setup(
@@ -56,6 +63,7 @@ class OptunaSweeperImpl(Sweeper):
     ) -> None:
         self.config = config
         self.hydra_context = hydra_context
+        self.task_function = task_function
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
@@ -63,7 +71,7 @@ class OptunaSweeperImpl(Sweeper):
     def sweep(self, arguments: list[str]) -> None:
         try:
             plan = self._plan(arguments)
-            status = Worker(plan).run()
+            status = self.fleet.run(plan) if self.fleet else Worker(plan).run()
             if not status:  # a stopped worker's status says more than its study's state
                 check_completed(plan.study)
         except SweepConfigError as e:
@@ -75,12 +83,13 @@ class OptunaSweeperImpl(Sweeper):
             print(f"error: {self.mask(str(e))}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         if status:
-            print(
-                f"stopped: {_signal_name(status)}: the worker recorded its trials and stopped; "
-                "rerun the same command to resume the study",
-                file=sys.stderr,
-                flush=True,
-            )
+            if not self.fleet:  # a fleet said why, for each of its workers
+                print(
+                    f"stopped: {_signal_name(status)}: the worker recorded its trials and "
+                    "stopped; rerun the same command to resume the study",
+                    file=sys.stderr,
+                    flush=True,
+                )
             raise SystemExit(status)
 
     def _plan(self, arguments: list[str]) -> Plan:
@@ -94,27 +103,30 @@ class OptunaSweeperImpl(Sweeper):
         job_cfg = check_space(self._compose, space, str(self.config.hydra.job.config_name))
         check_objectives(job_cfg, s)
         sampler = build_sampler(
-            s.sampler, s.sampler_key, space.grid, len(s.directions), oom=s.reports
+            seeded_for_worker(s.sampler), s.sampler_key, space.grid, len(s.directions), s.reports
         )
         if isinstance(sampler, optuna.samplers.GridSampler):  # as stock: at most the grid
             _cap_to_grid(s, grid_size(space.grid()))
         schedule = EvalSchedule.of(job_cfg)
         pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions), schedule)
+        judged_by = build_pruner(s.pruner, s.pruner_args, 1, schedule)  # the report metric's
+        self.fleet = plan_fleet_of(self, s, arguments)
         study = self._open_study(s, sampler, pruner)
-        self._write_multirun_yaml(sweep_dir)
+        judge = _judge(study, s, judged_by)
+        if not fleet_worker():  # the fleet's parent wrote it
+            self._write_multirun_yaml(sweep_dir)
         log.info(
             "Study %s in %s: %s, sampler %s, pruner %s",
             study.study_name,
             self.mask(s.storage.text),
             _budget_text(s),
             type(sampler).__name__,
-            type(pruner).__name__,
+            type(judged_by if judge.companion is not None else pruner).__name__,
         )
-        budget_cls = RunBudget if s.budget.per_run else StudyBudget
         return Plan(
             settings=s,
             study=study,
-            budget=budget_cls(study, s.budget.n_trials, s.storage.lock_path, s.liveness),
+            budget=_budget(study, s, judge),
             space=space,
             hook=hook,
             config=self.config,
@@ -124,6 +136,7 @@ class OptunaSweeperImpl(Sweeper):
             mask=self.mask,
             # CmaEsSampler ignores constraints, and warns about each trial that has one.
             constraints=s.reports and not isinstance(sampler, optuna.samplers.CmaEsSampler),
+            judge=judge,
         )
 
     def _compose(self, overrides: list[str]) -> DictConfig:
@@ -168,6 +181,24 @@ class OptunaSweeperImpl(Sweeper):
         Path(sweep_dir, "multirun.yaml").write_text(text)
 
 
+def _judge(study: optuna.Study, s: SweepSettings, pruner: Any) -> Judge:
+    """Several objectives with a pruner: the companion study judges hpo.report_metric."""
+    if not (s.multi_objective and s.reports and s.pruner != "none"):
+        return Judge(study)
+    assert s.report_metric is not None
+    companion = open_companion(study, s.report_metric, s.report_direction, pruner)
+    return Judge(study, companion)
+
+
+def _budget(study: optuna.Study, s: SweepSettings, judge: Judge) -> RunBudget | StudyBudget:
+    pruner = judge.study.pruner
+    promoter = Promoter(study, judge.study, pruner.eta) if isinstance(pruner, AshaPruner) else None
+    cost = CostCap(study, s.budget_s) if s.budget_s is not None else None
+    cls = RunBudget if s.budget.per_run else StudyBudget
+    b = s.budget
+    return cls(study, b.n_trials, s.storage.lock_path, s.liveness, promoter=promoter, cost=cost)
+
+
 def _space(s: SweepSettings, arguments: list[str]) -> SearchSpace:
     entries: list[Entry] = []
     if s.search_space is not None:
@@ -195,9 +226,10 @@ def _cap_to_grid(s: SweepSettings, size: int) -> None:
 
 def _budget_text(s: SweepSettings) -> str:
     b = s.budget
+    cap = f", at most {s.budget_s:g} device-seconds (hpo.budget_s)" if s.budget_s else ""
     if b.per_run:
-        return f"{b.n_trials} more trials ({b.key})"
-    return f"{b.n_trials} trials in all ({b.key})"
+        return f"{b.n_trials} more trials ({b.key}){cap}"
+    return f"{b.n_trials} trials in all ({b.key}){cap}"
 
 
 def _signal_name(status: int) -> str:

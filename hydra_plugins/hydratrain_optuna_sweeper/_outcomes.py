@@ -4,12 +4,15 @@
 |-------------------------------------------|-------------|--------------------|
 | returned float(s), finite                 | COMPLETE    |                    |
 | raised Pruned (the pruner said so)        | PRUNED      | pruned             |
+| raised Paused (hpo.pruner=asha, a rung)   | PRUNED      | paused (**)        |
 | ran out of memory even at micro-batch 1   | PRUNED      | oom (infeasible)   |
 | raised Diverged, or returned nan/inf      | FAIL        | diverged           |
 | raised Preempted (SIGTERM/SIGINT)         | FAIL        | preempted (*)      |
 
-(*) not counted toward the budget, queued again with the same parameters; the worker stops.
 | raised anything else, or returned junk    | FAIL        | error              |
+
+(*) not counted toward the budget, queued again with the same parameters; the worker stops.
+(**) with system attr hpo:paused=<step>: it may be promoted later (`_asha.py`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Outcome:
     values: list[float] | None = None
     attrs: dict[str, Any] = field(default_factory=dict)
     preempted_by: int | None = None  # the signal that stopped the job
+    paused_at: int | None = None  # the rung step hpo.pruner=asha paused the job at
 
     @property
     def failed(self) -> bool:
@@ -64,6 +68,10 @@ def from_exception(exc: BaseException) -> Outcome:
     status = status_of(exc)
     if status == Status.OOM:
         return Outcome(TrialState.PRUNED, attrs=error_attrs("oom", exc))
+    if status == Status.PAUSED:
+        step = int(getattr(exc, "step", 0))
+        attrs = {"reason": "paused", "paused_at": step}
+        return Outcome(TrialState.PRUNED, attrs=attrs, paused_at=step)
     if status == Status.PRUNED or isinstance(exc, optuna.TrialPruned):
         return Outcome(TrialState.PRUNED, attrs={"reason": "pruned"})
     if status == Status.DIVERGED:

@@ -81,8 +81,16 @@ def claim_failed(study: optuna.Study, trial: FrozenTrial) -> bool:
 
 def live_trial(study: optuna.Study, number: int) -> Trial:
     """A `Trial` for the running trial `number`, in a process that did not ask for it."""
-    storage = storage_of(study)
-    return Trial(study, storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
+    return Trial(study, _trial_id_of(study, number))
+
+
+def trial_by_number(study: optuna.Study, number: int) -> FrozenTrial:
+    """Trial `number` as the storage has it now, without reading the whole study."""
+    return storage_of(study).get_trial(_trial_id_of(study, number))
+
+
+def _trial_id_of(study: optuna.Study, number: int) -> int:
+    return storage_of(study).get_trial_id_from_study_id_trial_number(study._study_id, number)
 
 
 def job_result(ret: JobReturn) -> tuple[Any, BaseException | None]:

@@ -121,6 +121,7 @@ class HParamsWriter:
             "tokens_per_sec": attrs.tokens_per_sec,
             "peak_memory_bytes": attrs.peak_memory_bytes,
             "micro_batch_size": attrs.micro_batch_size,
+            "device_seconds": attrs.device_seconds,
         }
         scores.update({f"trial/{k}": float(v) for k, v in figures.items() if v is not None})
         self._writer.add_hparams(hparams, scores, run_name=f"trial_{trial.number:04d}")

@@ -72,7 +72,7 @@ def pruner_defaults(
     """
     if name == "median":
         return {"n_startup_trials": 3, "n_warmup_steps": 1}
-    if name not in ("successive_halving", "hyperband"):
+    if name not in ("successive_halving", "asha", "hyperband"):
         return {}
     factor = reduction_factor(args or {})
     out: dict[str, Any] = {"reduction_factor": factor}
@@ -80,6 +80,9 @@ def pruner_defaults(
         return out
     if name == "successive_halving":
         return {**out, "min_resource": first_rung(schedule, factor**2)}
+    if name == "asha":  # successive halving's rungs, on the evaluation steps
+        rung = first_rung(schedule, factor**2)
+        return {**out, "min_resource": rung, "max_resource": schedule.last}
     return {
         **out,
         "min_resource": schedule.every,
@@ -230,18 +233,26 @@ def record_oom_constraint(trial: Any, oom: bool) -> None:
 def build_pruner(
     name: str, args: dict[str, Any], n_objectives: int, schedule: EvalSchedule | None = None
 ) -> Any:
-    if n_objectives > 1 or name == "none":  # Optuna cannot prune multi-objective trials
+    """The study's pruner. Several objectives: none here (Optuna cannot prune them); the
+    pruning companion (`_companion.py`) gets this pruner built for one."""
+    if n_objectives > 1 or name == "none":
         return optuna.pruners.NopPruner()
+    from ._asha import AshaPruner
+
     pruners: dict[str, Callable[..., optuna.pruners.BasePruner]] = {
         "median": optuna.pruners.MedianPruner,
         "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+        "asha": AshaPruner,
         "hyperband": optuna.pruners.HyperbandPruner,
     }
     cls = pruners[name]
+    # The rungs of asha are evaluation steps: it is told the schedule's interval.
+    placed = {"every": schedule.every} if name == "asha" and schedule is not None else {}
     try:
-        return cls(**{**pruner_defaults(name, schedule, args), **args})
+        return cls(**{**pruner_defaults(name, schedule, args), **args}, **placed)
     except (TypeError, ValueError) as e:  # an unknown argument, or a value Optuna refuses
-        raise SweepConfigError(f"hpo.pruner_args={args} do not fit {cls.__name__}: {e}") from None
+        name_ = getattr(cls, "__name__", name)
+        raise SweepConfigError(f"hpo.pruner_args={args} do not fit {name_}: {e}") from None
 
 
 def grid_size(grid: dict[str, list[Any]]) -> int:

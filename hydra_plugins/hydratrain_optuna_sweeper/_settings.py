@@ -26,7 +26,7 @@ from ._errors import SweepConfigError, first_line
 from ._storage import StorageSpec, storage_spec
 
 DIRECTIONS = ("minimize", "maximize")
-PRUNERS = ("median", "successive_halving", "hyperband", "none")
+PRUNERS = ("median", "successive_halving", "asha", "hyperband", "none")
 STOCK_KEYS = (
     "sampler",
     "direction",
@@ -135,6 +135,10 @@ class SweepSettings:
     enqueue: list[Any] = field(default_factory=list)
     tensorboard: bool = False
     reports: bool = False  # jobs are told their trial (there is an hpo node): pruning
+    budget_s: float | None = None  # hpo.budget_s: device-seconds the study may spend
+    # hpo.report_metric's own direction (filled once known): the pruning companion's, for
+    # several objectives
+    report_direction: str = "minimize"
 
     @property
     def multi_objective(self) -> bool:
@@ -208,6 +212,7 @@ def read_settings(stock: StockKeys, hpo_node: Any, sweep_dir: str) -> SweepSetti
         enqueue=list(h.enqueue) if hpo else [],
         tensorboard=bool(hpo and h.tensorboard),
         reports=hpo is not None,
+        budget_s=h.budget_s if hpo else None,
     )
     check(s)
     return s
@@ -309,6 +314,18 @@ def check(s: SweepSettings) -> None:
     if not 0.0 <= f.max_rate <= 1.0:
         raise SweepConfigError(f"{f.key}={f.max_rate} must be in [0, 1]")
     _check_liveness(s.liveness)
+    _check_budget_s(s.budget_s)
+
+
+def _check_budget_s(value: Any) -> None:
+    if value is None:
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and value > 0 and math.isfinite(value)):
+        raise SweepConfigError(
+            f"hpo.budget_s={value!r} must be a positive number of device-seconds, "
+            "or null for no cap"
+        )
 
 
 def _check_liveness(live: Liveness) -> None:

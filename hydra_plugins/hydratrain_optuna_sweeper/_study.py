@@ -31,6 +31,7 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from . import _private as private
+from ._lineage import copy_attrs, promoted
 from ._settings import Liveness
 from ._storage import retrying
 
@@ -69,15 +70,26 @@ def uncount(study: optuna.Study, trial: Trial | FrozenTrial) -> None:
 
 
 class Budget(abc.ABC):
-    """Hands out trials in batches; subclasses say how many."""
+    """Hands out trials in batches; subclasses say how many. `promoter` (hpo.pruner=asha)
+    queues a paused trial that qualifies before a new one is asked for; `cost` (hpo.budget_s)
+    ends the study once its trials spent that many device-seconds."""
 
     def __init__(
-        self, study: optuna.Study, n_trials: int, lock_path: str | None, live: Liveness
+        self,
+        study: optuna.Study,
+        n_trials: int,
+        lock_path: str | None,
+        live: Liveness,
+        *,
+        promoter: Any = None,
+        cost: Any = None,
     ) -> None:
         self.study = study
         self.n_trials = n_trials
         self.lock_path = lock_path
         self.live = live
+        self.promoter = promoter
+        self.cost = cost
         self.mine: set[int] = set()  # trial ids this worker is running
 
     def next_trials(self, k: int) -> list[Trial]:
@@ -85,10 +97,42 @@ class Budget(abc.ABC):
         trials: list[Trial] = []
         with budget_lock(self.lock_path):
             fail_stale_trials(self.study, self.live, exclude=self.mine)
-            while len(trials) < k and (trial := self._ask()) is not None:
+            while len(trials) < k and (trial := self._next()) is not None:
                 trials.append(trial)
         self.mine |= {private.trial_id(t) for t in trials}
         return trials
+
+    def _next(self) -> Trial | None:
+        if self.cost is not None and self.cost.spent():
+            return None
+        if self.promoter is not None:
+            self.promoter.promote()  # queued: the ask below pops it
+        while (trial := self._ask()) is not None and self._duplicate(trial):
+            pass
+        return trial
+
+    def promote_last(self) -> bool:
+        """Nothing else will run and no trial completed: promote the best paused trial anyway,
+        so that the study has a result (hpo.pruner=asha with fewer trials than its rungs
+        need)."""
+        if self.promoter is None:
+            return False
+        with budget_lock(self.lock_path):
+            if self.cost is not None and self.cost.spent():
+                return False
+            return bool(self.promoter.promote_last())
+
+    def _duplicate(self, trial: Trial) -> bool:
+        if self.promoter is None:
+            return False
+        if not self.promoter.is_duplicate(private.frozen(self.study, trial)):
+            return False
+        trial.set_user_attr("reason", "duplicate")
+        self.study.tell(trial, state=TrialState.FAIL)
+        return True
+
+    def _waiting(self, trials: list[FrozenTrial]) -> bool:
+        return any(t.state == TrialState.WAITING for t in trials)
 
     @abc.abstractmethod
     def _ask(self) -> Trial | None:
@@ -106,6 +150,10 @@ class Budget(abc.ABC):
         """The trial was preempted: it does not count, its re-queued copy does."""
         uncount(self.study, trial)
 
+    def _counts(self, trial: Trial) -> bool:
+        """A trial that takes a slot: not a promoted copy (its paused trial holds one)."""
+        return counted(private.frozen(self.study, trial))
+
     def others_running(self) -> bool:
         return False
 
@@ -116,14 +164,17 @@ class RunBudget(Budget):
     started = 0
 
     def _ask(self) -> Trial | None:
-        if self.started >= self.n_trials:
+        copies = [t for t in self.study.get_trials(deepcopy=False) if not counted(t)]
+        if self.started >= self.n_trials and not self._waiting(copies):
             return None
-        self.started += 1
-        return self._new_trial()
+        trial = self._new_trial()
+        self.started += self._counts(trial)
+        return trial
 
     def release(self, trial: Trial) -> None:
+        if self._counts(trial):
+            self.started -= 1
         super().release(trial)
-        self.started -= 1
 
 
 class StudyBudget(Budget):
@@ -131,11 +182,10 @@ class StudyBudget(Budget):
 
     def _ask(self) -> Trial | None:
         trials = self.study.get_trials(deepcopy=False)
-        waiting = any(t.state == TrialState.WAITING for t in trials if counted(t))
-        if count_toward_budget(trials) >= self.n_trials and not waiting:
+        if count_toward_budget(trials) >= self.n_trials and not self._waiting(trials):
             return None
         trial = self._new_trial()
-        if self._is_surplus(trial.number):
+        if self._counts(trial) and self._is_surplus(trial.number):
             self._discard(trial)
             return None
         return trial
@@ -198,39 +248,44 @@ def fail_stale_trials(study: optuna.Study, live: Liveness, exclude: set[int]) ->
         silent = now - _last_beat(t)
         if private.trial_id(t) in exclude or silent <= live.stale_after:
             continue
-        retry = (
-            live.retry_stale > 0 and len(t.system_attrs.get("retry_history", [])) < live.retry_stale
-        )
-        if _fail_stale(study, t, silent, uncount=retry):
+        if fail_as_stale(study, t, live, f"no heartbeat for {silent:.0f}s (worker killed?)"):
             failed.append(t.number)
-            if retry:
-                requeue(study, t)
+            log.warning("Trial %d had no heartbeat for %.0fs: failed as stale", t.number, silent)
     return failed
 
 
-def _fail_stale(study: optuna.Study, t: FrozenTrial, silent_for: float, uncount: bool) -> bool:
+def fail_as_stale(study: optuna.Study, t: FrozenTrial, live: Liveness, error: str) -> bool:
+    """Fail a RUNNING trial whose worker is gone, re-queued per hpo.retry_stale; False when
+    another worker got there first."""
+    retry = live.retry_stale > 0 and len(t.system_attrs.get("retry_history", [])) < live.retry_stale
+    if not _fail_stale(study, t, error, uncount=retry):
+        return False
+    if retry:
+        requeue(study, t)
+    return True
+
+
+def _fail_stale(study: optuna.Study, t: FrozenTrial, error: str, uncount: bool) -> bool:
     try:
         # Attributes first: a finished trial can no longer be changed. The state change is the
         # claim: only the worker whose update succeeds re-queues the trial.
         with private.finished_trial_guard():
             private.set_user_attr(study, t, "reason", "stale")
-            error = f"no heartbeat for {silent_for:.0f}s (worker killed?)"
             private.set_user_attr(study, t, "error", error)
             if uncount:  # its retry takes the slot
                 private.set_system_attr(study, t, UNCOUNTED, True)
     except private.TrialFinished:  # another worker got there first
         return False
-    if not private.claim_failed(study, t):
-        return False
-    log.warning("Trial %d had no heartbeat for %.0fs: failed as stale", t.number, silent_for)
-    return True
+    return private.claim_failed(study, t)
 
 
 def requeue(study: optuna.Study, t: FrozenTrial, user_attrs: dict[str, Any] | None = None) -> None:
     """Queue the same parameters again, recorded as Optuna's RetryFailedTrialCallback does
     (`failed_trial`, `retry_history`), so its `retried_trial_number()` works on them."""
     history = [*t.system_attrs.get("retry_history", []), t.number]
-    system_attrs = {"failed_trial": history[0], "retry_history": history}
+    system_attrs = {"failed_trial": history[0], "retry_history": history, **copy_attrs(t)}
+    if promoted(t):  # a promoted trial's copy: its paused trial still holds the slot
+        system_attrs[UNCOUNTED] = True
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.WAITING,

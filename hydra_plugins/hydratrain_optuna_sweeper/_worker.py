@@ -26,7 +26,11 @@ from app.hpo import StopRequest, stop_on_signals
 
 from . import _private as private
 from . import reporter
+from ._asha import PAUSED
+from ._companion import Judge
+from ._cost import COST, line_cost
 from ._errors import SweepAborted, first_line
+from ._fleet_plan import WorkerIdentity
 from ._outcomes import Outcome, classify, error_attrs
 from ._results import HParamsWriter, write_results
 from ._samplers import record_oom_constraint
@@ -55,6 +59,7 @@ class Plan:
     job_storage: str  # hpo.storage as jobs get it (never a password)
     mask: Masker
     constraints: bool  # mark out-of-memory trials infeasible, for the sampler
+    judge: Judge | None = None  # where trials report (several objectives: the companion)
 
 
 class Worker:
@@ -66,6 +71,8 @@ class Worker:
         self.hparams = HParamsWriter(plan.sweep_dir) if self.s.tensorboard else None
         self.finished = 0
         self.failed = 0
+        self.identity = WorkerIdentity.here().attrs()  # recorded on each trial it runs
+        self.judge = plan.judge or Judge(plan.study)
 
     def run(self) -> int:
         """Run trials until the budget is spent; 0, or 128 + the signal that stopped it."""
@@ -100,12 +107,15 @@ class Worker:
     def _next_trials(self) -> list[Trial]:
         """The next batch; at the end of a study-wide budget, wait for other workers' running
         trials (failing them if they go stale) so the results describe the whole study."""
+        budget = self.plan.budget
         while True:
-            trials = self.plan.budget.next_trials(self.s.n_jobs)
-            waiting = self.s.liveness.wait_for_running and self.plan.budget.others_running()
-            if trials or not waiting or self.stop.requested:
+            trials = budget.next_trials(self.s.n_jobs)
+            if trials or self.stop.requested:
                 return trials
-            time.sleep(self.s.liveness.poll_interval)
+            if self.s.liveness.wait_for_running and budget.others_running():
+                time.sleep(self.s.liveness.poll_interval)
+            elif not budget.promote_last():
+                return trials
 
     def _run_batch(self, trials: list[Trial]) -> None:
         jobs = []
@@ -127,7 +137,10 @@ class Worker:
             return []
         trials = [t for t, _ in jobs]
         for trial in trials:
-            reporter.register_live_trial(p.job_storage, self.study.study_name, trial)
+            for key, value in self.identity.items():  # before it runs: a fleet finds orphans
+                trial.set_user_attr(key, value)
+            twin = self.judge.pair(trial)
+            reporter.register_live_trial(p.job_storage, self.study.study_name, trial, twin)
         try:
             with heartbeat(self.study, trials, self.s.liveness.heartbeat_interval):
                 returns = []
@@ -195,10 +208,23 @@ class Worker:
             record_oom_constraint(trial, outcome.reason == "oom")
         if outcome.preempted_by is not None:
             self._preempted(trial, outcome)
+        if outcome.paused_at is not None:  # before the tell: a finished trial is frozen
+            private.set_system_attr(self.study, trial, PAUSED, outcome.paused_at)
+        self._cost_of_line(trial, outcome)
         self._tell_state(trial, outcome)
+        self.judge.settle(trial, outcome.state)
         self.finished += 1
         self.failed += outcome.failed
         self._log(trial, outcome)
+
+    def _cost_of_line(self, trial: Trial, outcome: Outcome) -> None:
+        """The device_seconds objective of a resumed trial is its whole line's."""
+        metrics = self.s.metrics or []
+        if outcome.values is None or COST not in metrics:
+            return
+        i = metrics.index(COST)
+        frozen = private.frozen(self.study, trial)
+        outcome.values[i] = line_cost(self.study, frozen, outcome.values[i])
 
     def _tell_state(self, trial: Trial, outcome: Outcome) -> None:
         values = outcome.values or []

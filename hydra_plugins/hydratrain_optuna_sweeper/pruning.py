@@ -13,3 +13,13 @@ def study_pruner(name: str, args: dict[str, Any], eval_every: int, max_steps: in
     from ._samplers import EvalSchedule, build_pruner
 
     return build_pruner(name, args, 1, EvalSchedule(every=eval_every, last=max_steps))
+
+
+def study_pruner_arguments(
+    name: str, args: dict[str, Any], eval_every: int, max_steps: int
+) -> dict[str, Any]:
+    """The arguments `study_pruner` passes to the pruner: hpo.pruner_args over the defaults
+    that follow the schedule (for a peer built with Optuna's own class)."""
+    from ._samplers import EvalSchedule, pruner_defaults
+
+    return {**pruner_defaults(name, EvalSchedule(every=eval_every, last=max_steps), args), **args}

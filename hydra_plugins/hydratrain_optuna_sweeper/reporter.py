@@ -14,16 +14,18 @@ import logging
 import math
 from typing import Any
 
-from app.hpo import NullReporter, TrialAttrs
+from app.hpo import NullReporter, Paused, TrialAttrs
 
 log = logging.getLogger(__name__)
 
-# (storage, study_name, trial_number) -> optuna.trial.Trial, filled by the in-process sweeper.
-_LIVE_TRIALS: dict[tuple[str, str, int], Any] = {}
+# (storage, study_name, trial_number) -> (the trial, the trial its reports go to: itself, or
+# its pruning companion), filled by the in-process sweeper.
+_LIVE_TRIALS: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
 
-def register_live_trial(storage: str, study_name: str, trial: Any) -> None:
-    _LIVE_TRIALS[(storage, study_name, trial.number)] = trial
+def register_live_trial(storage: str, study_name: str, trial: Any, judge: Any) -> None:
+    """`judge`: the trial its reports go to (itself, its companion), None for no reports."""
+    _LIVE_TRIALS[(storage, study_name, trial.number)] = (trial, judge)
 
 
 def unregister_live_trial(storage: str, study_name: str, number: int) -> None:
@@ -33,13 +35,19 @@ def unregister_live_trial(storage: str, study_name: str, number: int) -> None:
 class OptunaReporter:
     """Reports one metric per evaluation (step = optimizer step) and asks the pruner.
 
+    `judge` takes the reports: the trial itself, or its companion trial when the study has
+    several objectives (`_companion.py`). Under hpo.pruner=asha the pruner's "stop" is a pause
+    at a rung: Paused is raised, and the run checkpoints that step.
+
     A trial that another worker failed as stale (this one was paused past hpo.stale_after)
     can no longer be changed: the job then goes on without reporting, after one warning."""
 
-    def __init__(self, trial: Any, metric: str, can_prune: bool) -> None:
+    def __init__(self, trial: Any, metric: str, can_prune: bool = True, judge: Any = None) -> None:
         self.trial = trial
+        self.judge = trial if judge is None else judge
         self.metric = metric
         self.can_prune = can_prune
+        self.pauses = _pauses(self.judge)
         self._warned = False
         self._detached = False
 
@@ -49,11 +57,14 @@ class OptunaReporter:
             return False
         if not math.isfinite(value):  # divergence is the trainer's call, not the pruner's
             return False
-        return bool(self._call(lambda: self._report(value, step)))
+        stop = bool(self._call(lambda: self._report(value, step)))
+        if stop and self.pauses:
+            raise Paused(f"paused at step {step} (hpo.pruner=asha): checkpointed", step=step)
+        return stop
 
     def _report(self, value: float, step: int) -> bool:
-        self.trial.report(value, step)
-        return self.trial.should_prune()
+        self.judge.report(value, step)
+        return self.judge.should_prune()
 
     def _pick(self, metrics: dict[str, float]) -> float | None:
         for key in (self.metric, self.metric.removeprefix("final_"), f"final_{self.metric}"):
@@ -91,6 +102,12 @@ class OptunaReporter:
             return None
 
 
+def _pauses(trial: Any) -> bool:
+    from ._asha import AshaPruner
+
+    return isinstance(getattr(trial.study, "pruner", None), AshaPruner)
+
+
 def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | str):
         return value
@@ -107,21 +124,24 @@ def reporter_for_job(cfg: Any) -> Any:
     """The reporter for this job's trial (cfg.hpo names it); `cfg` is the job's typed config."""
     hpo = cfg.hpo
     storage, study_name, number = str(hpo.storage), str(hpo.study_name), int(hpo.trial_number)
-    trial = _LIVE_TRIALS.get((storage, study_name, number))
-    if trial is None:
-        trial = _trial_from_storage(cfg, storage, study_name, number)
-    if trial is None:
-        return NullReporter()
     metric = str(getattr(hpo, "report_metric", None) or "val_loss")
-    return OptunaReporter(trial, metric, can_prune=len(trial.study.directions) == 1)
+    pair = _LIVE_TRIALS.get((storage, study_name, number))
+    if pair is None:
+        pair = _trial_from_storage(cfg, storage, study_name, number)
+    if pair is None:
+        return NullReporter()
+    trial, judge = pair
+    return OptunaReporter(trial, metric, can_prune=judge is not None, judge=judge)
 
 
 def _trial_from_storage(cfg: Any, storage: str, study_name: str, number: int) -> Any:
-    """Rebuild the running trial in this process from the shared storage."""
+    """(the running trial, the trial its reports go to), rebuilt in this process from the
+    shared storage."""
     import optuna
     from omegaconf import OmegaConf
 
     from . import _private as private
+    from ._companion import load_companion, report_trial
     from ._samplers import EvalSchedule, build_pruner
     from ._settings import typed_hpo
     from ._storage import MEMORY, Masker, open_storage, storage_spec
@@ -134,11 +154,18 @@ def _trial_from_storage(cfg: Any, storage: str, study_name: str, number: int) ->
     settings = typed_hpo(node)
     spec = storage_spec(storage, "hpo.storage", ".", null_is_memory=False)
     store = open_storage(spec, Masker.of([storage]))
+    pruner = build_pruner(settings.pruner, dict(settings.pruner_args), 1, EvalSchedule.of(cfg))
     # The sampler is never used here (the sweeper sampled already): random keeps it cheap.
     study = optuna.load_study(
         study_name=study_name,
         storage=store,
         sampler=optuna.samplers.RandomSampler(),
-        pruner=build_pruner(settings.pruner, dict(settings.pruner_args), 1, EvalSchedule.of(cfg)),
+        pruner=pruner,
     )
-    return private.live_trial(study, number)
+    trial = private.live_trial(study, number)
+    if len(study.directions) == 1:
+        return trial, trial
+    if settings.pruner == "none":  # no companion: nothing judges the reports
+        return trial, None
+    companion = load_companion(study, settings.report_metric, pruner)
+    return trial, report_trial(trial, companion)

@@ -1,7 +1,9 @@
-"""A fake trainer with the real contract: reporter, outcomes, summary.json, return value, and
-SIGTERM/SIGINT preemption (finish the evaluation, write the summary, raise Preempted).
+"""A fake trainer with the real contract: reporter, outcomes, summary.json, return value,
+SIGTERM/SIGINT preemption (finish the evaluation, write the summary, raise Preempted), and a
+pause at a rung (hpo.pruner=asha: a "checkpoint" of the step, resumed by training.resume).
 
 The loss curve is a deterministic function of the sampled lr, so tests can predict pruning.
+Each job costs fake.device_s_per_step device-seconds per step it trains.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from app.core.outcomes import Diverged, Preempted, Pruned, TrainingOOM
+from app.core.outcomes import Diverged, Paused, Preempted, Pruned, TrainingOOM
 from app.hpo import HpoConfig, StopRequest, TrialAttrs, build_reporter, stop_on_signals
 
 _KEEP: list[bytearray] = []
@@ -61,34 +63,64 @@ def main(cfg: DictConfig) -> float | list[float]:
         raise RuntimeError(f"fake error at lr {t.lr}")
     time.sleep(f.setup_sleep)  # a signal now reaches the sweeper's handler, not this run's
     stop = StopRequest()
+    start = _resumed_step(t)
+    paused = None
     with stop_on_signals(stop):
-        loss, step = _train(t, f, reporter, stop)
+        _hold(f, hpo, stop)
+        try:
+            loss, step = _train(t, f, reporter, stop, start)
+        except Paused as e:
+            paused, loss, step = e, loss_at(e.step, t.lr), e.step
     run_dir = HydraConfig.get().runtime.output_dir
+    status = "paused" if paused else "preempted" if stop.requested else "completed"
     summary = {
-        "status": "preempted" if stop.requested else "completed",
+        "status": status,
         "steps": step,
         "resumed_from": t.get("resume"),
+        "resumed_from_step": start,
         "final_val_loss": loss,
         "tokens_per_sec": 1000.0 * t.effective_batch_size,
+        "device_seconds": f.device_s_per_step * (step - start),
         "micro_batch_size": t.micro_batch_size,
         "grad_accum_steps": 1,
         "effective_batch_size": t.effective_batch_size,
         "peak_memory_bytes": 1,
         "run_dir": run_dir,
+        "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),  # as the trial's process saw them
     }
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     Path(run_dir, "summary.json").write_text(json.dumps(summary))
-    if stop.requested:
-        raise Preempted(f"{stop.name}: stopped after step {step}", signum=stop.signum, step=step)
     known = set(TrialAttrs.__dataclass_fields__)
     reporter.set_attrs(TrialAttrs(**{k: v for k, v in summary.items() if k in known}))
+    if paused is not None:
+        Path(run_dir, "checkpoint.json").write_text(json.dumps({"step": step}))
+        raise paused
+    if stop.requested:
+        raise Preempted(f"{stop.name}: stopped after step {step}", signum=stop.signum, step=step)
     metric = cfg.objective
     return summary[metric] if isinstance(metric, str) else [summary[m] for m in metric]
 
 
-def _train(t, f, reporter, stop: StopRequest) -> tuple[float, int]:
-    loss, step = float("nan"), 0
-    for step in range(0, t.max_steps + 1, t.eval_every):
+def _hold(f, hpo, stop: StopRequest) -> None:
+    """Trials numbered below fake.hold_below wait for fake.release_file (or a signal)."""
+    if f.hold_below is None or hpo is None or hpo.trial_number >= f.hold_below:
+        return
+    Path(f"{f.release_file}.{hpo.trial_number}.holding").touch()  # SIGTERM is this run's now
+    while not Path(f.release_file).exists() and not stop.requested:
+        time.sleep(0.05)
+
+
+def _resumed_step(t) -> int:
+    """The step a paused run's "checkpoint" holds (0: a fresh run)."""
+    resume = t.get("resume")
+    saved = Path(str(resume), "checkpoint.json") if resume else None
+    return int(json.loads(saved.read_text())["step"]) if saved and saved.is_file() else 0
+
+
+def _train(t, f, reporter, stop: StopRequest, start: int = 0) -> tuple[float, int]:
+    loss, step = float("nan"), start
+    first = start + t.eval_every if start else 0  # a resumed run reported its step already
+    for step in range(first, t.max_steps + 1, t.eval_every):
         time.sleep(f.step_sleep)
         loss = loss_at(step, t.lr)
         if f.diverge_above_lr is not None and t.lr > f.diverge_above_lr and step > 0:

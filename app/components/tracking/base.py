@@ -11,7 +11,7 @@ from typing import Any
 
 # summary.json status -> did the run end as planned (a tracker's "finished" vs "failed").
 COMPLETED = "completed"
-STOPPED = ("pruned", "preempted")  # ended on purpose, not by an error
+STOPPED = ("pruned", "preempted", "paused")  # ended on purpose, not by an error
 
 
 class Sink:

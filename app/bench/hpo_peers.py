@@ -1,0 +1,236 @@
+"""`python -m app.bench --hpo-peers`: how soon a study reaches a good configuration, side by
+side with what a transformers user would run instead.
+
+One seeded study (app/bench/hpo.py's: the tiny CPU model and search space of
+sweeps/tiny_cpu.yaml, 16 trials of 120 steps evaluated every 10, a random sampler) run by:
+
+- `none`: this sweeper without a pruner, the reference: its best value is "the best";
+- `default`: this sweeper with its default pruner (successive halving);
+- `asha`: this sweeper with `hpo.pruner=asha`;
+- `trainer`: the transformers Trainer's `hyperparameter_search(backend="optuna")` with
+  Optuna's SuccessiveHalvingPruner placed as the sweeper's default places it (first rung
+  at max_steps / 9, reduction factor 3), on the same data, model, space, seed and steps
+  (app/bench/hf_study.py);
+- `trainer-optuna-defaults`: the same with `SuccessiveHalvingPruner()` as Optuna defaults it,
+  what a Trainer user who does not place the rungs gets.
+
+Per contender: wall time (process start to end), optimizer steps trained, best value, and the
+wall time at which the study first completed a trial within 1 % of the reference's best
+(seconds since its process started).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from app.bench.hpo import STUDY, children_cpu_s, fatal_env, run_study
+
+ARMS = {"none": ["hpo.pruner=none"], "default": [], "asha": ["hpo.pruner=asha"]}
+PEERS = ("trainer", "trainer-optuna-defaults")
+CONTENDERS = (*ARMS, *PEERS)
+WITHIN = 0.01  # "within 1 % of the best"
+
+
+def run_peers_bench(extra: list[str], contenders: list[str]) -> dict[str, Any]:
+    if "none" not in contenders:
+        raise SystemExit("--hpo-peers: the 'none' contender is the reference; keep it")
+    studies: dict[str, Any] = {}
+    for name in contenders:
+        if name in ARMS:
+            studies[name] = run_study(STUDY + extra + ARMS[name])  # the arm last: it wins
+        else:
+            studies[name] = run_trainer_study(extra, name)
+    best = studies["none"]["best_value"]
+    for s in studies.values():
+        s["reach_s"] = reach_seconds(s, best)
+        s["reach_steps"] = reach_steps(s, best)
+    return {
+        "reference_best": best,
+        "studies": {k: _without_curves(v) for k, v in studies.items()},
+        "same_configurations": _same_configurations(studies),
+        "goals": goals(studies),
+    }
+
+
+def run_trainer_study(extra: list[str], name: str) -> dict[str, Any]:
+    import subprocess
+
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    cfg = _config(STUDY + extra)
+    with tempfile.TemporaryDirectory(prefix="bench-hf-study-") as tmp:
+        spec = {
+            "overrides": [*STUDY, *extra, f"data.cache_dir={tmp}/cache"],
+            "tmp": tmp,
+            "journal": f"{tmp}/study.journal",
+            "n_trials": cfg.hpo.n_trials,
+            "seed": cfg.hpo.seed,
+            "pruner_args": _peer_pruner_args(cfg, name),
+        }
+        Path(tmp, "spec.json").write_text(json.dumps(spec))
+        cmd = [sys.executable, "-m", "app.bench.hf_study", f"{tmp}/spec.json"]
+        started, started_at, cpu = time.perf_counter(), time.time(), children_cpu_s()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=fatal_env())
+        wall, cpu = time.perf_counter() - started, children_cpu_s() - cpu
+        if proc.returncode != 0:
+            raise SystemExit(f"Trainer study failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        storage = optuna.storages.JournalStorage(JournalFileBackend(spec["journal"]))
+        trials = optuna.load_study(study_name="peer", storage=storage).get_trials()
+    rows = [_trainer_row(t, cfg.training.max_steps, cfg.training.micro_batch_size) for t in trials]
+    done = [r["value"] for r in rows if r["state"] == "COMPLETE"]
+    return {
+        "wall_s": wall,
+        "started_at": started_at,
+        "cpu_s": cpu,
+        "pruner_args": spec["pruner_args"],
+        "states": {s: sum(r["state"] == s for r in rows) for s in {r["state"] for r in rows}},
+        "optimizer_steps": sum(r["steps"] for r in rows),
+        "best_value": min(done) if done else None,
+        "trials": rows,
+    }
+
+
+def _config(overrides: list[str]) -> Any:
+    from app.config.compose import compose
+    from app.config.schema import load_config
+
+    return load_config(compose("train", overrides))
+
+
+def _peer_pruner_args(cfg: Any, name: str) -> dict[str, Any]:
+    if name == "trainer-optuna-defaults":
+        return {}
+    from hydra_plugins.hydratrain_optuna_sweeper.pruning import study_pruner_arguments
+
+    t = cfg.training
+    return study_pruner_arguments("successive_halving", {}, t.eval_every, t.max_steps)
+
+
+def _trainer_row(t: Any, max_steps: int, micro: int) -> dict[str, Any]:
+    """A Trainer trial as the sweeper's rows are (its parameters under the sweeper's names)."""
+    pruned_at = max(t.intermediate_values) if t.intermediate_values else 0
+    p = t.params
+    return {
+        "number": t.number,
+        "state": t.state.name,
+        "value": t.value,
+        "params": {
+            "training.effective_batch_size": p["gradient_accumulation_steps"] * micro,
+            "training.lr": p["learning_rate"],
+            "training.weight_decay": p["weight_decay"],
+            "training.warmup_steps": p["warmup_steps"],
+        },
+        "steps": max_steps if t.state.name == "COMPLETE" else pruned_at,
+        "end": t.datetime_complete.timestamp() if t.datetime_complete else None,
+    }
+
+
+def reach_seconds(study: dict[str, Any], best: float) -> float | None:
+    """Seconds from the study's start to its first completed trial within 1 % of `best`."""
+    ends = [
+        t["end"]
+        for t in study["trials"]
+        if t["state"] == "COMPLETE" and t["value"] is not None and t["value"] <= best * (1 + WITHIN)
+    ]
+    return min(ends) - study["started_at"] if ends else None
+
+
+def reach_steps(study: dict[str, Any], best: float) -> int | None:
+    """Optimizer steps the study had trained when it first came within 1 % of `best`: what the
+    pruner saved, whatever the load of the machine (the trials that ended by then)."""
+    reach = reach_seconds(study, best)
+    if reach is None:
+        return None
+    by = study["started_at"] + reach
+    return sum(t["steps"] for t in study["trials"] if t["end"] is not None and t["end"] <= by)
+
+
+def _same_configurations(studies: dict[str, Any]) -> dict[str, bool]:
+    """Did each contender draw the reference's configurations, in its order?"""
+    ref = [t["params"] for t in sorted(studies["none"]["trials"], key=lambda t: t["number"])]
+    out = {}
+    for name, s in studies.items():
+        firsts: dict[
+            str, Any
+        ] = {}  # a line's first trial: promoted copies repeat their configuration
+        for t in sorted(s["trials"], key=lambda t: t["number"]):
+            key = json.dumps(t["params"], sort_keys=True)
+            firsts.setdefault(key, t["params"])
+        out[name] = _close(list(firsts.values()), ref)
+    return out
+
+
+def _close(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x.keys() != y.keys():
+            return False
+        for k in x:
+            if isinstance(x[k], float) and abs(x[k] - y[k]) > 1e-12 * max(1.0, abs(y[k])):
+                return False
+            if not isinstance(x[k], float) and x[k] != y[k]:
+                return False
+    return True
+
+
+def goals(studies: dict[str, Any]) -> dict[str, Any]:
+    """The issue's goals, each with its figures: met, missed, or not measured."""
+    out: dict[str, Any] = {}
+    none, default = studies["none"], studies.get("default")
+    trainer = studies.get("trainer")
+    if default is not None:
+        reach = default["reach_s"]
+        out["default_within_third_of_unpruned_wall"] = {
+            "reach_s": reach,
+            "limit_s": none["wall_s"] / 3,
+            "met": reach is not None and reach <= none["wall_s"] / 3,
+        }
+        if trainer is not None:
+            peer = trainer["reach_s"]
+            met = reach is not None and (peer is None or reach < peer / 2)
+            out["default_under_half_of_trainer"] = {"reach_s": reach, "trainer_s": peer, "met": met}
+    if "asha" in studies:
+        asha = studies["asha"]["best_value"]
+        out["asha_keeps_the_best"] = {"best": asha, "reference": none["best_value"]}
+        out["asha_keeps_the_best"]["met"] = asha == none["best_value"]
+    return out
+
+
+def _without_curves(study: dict[str, Any]) -> dict[str, Any]:
+    trials = [{k: v for k, v in t.items() if k != "curve"} for t in study["trials"]]
+    return {**study, "trials": trials}
+
+
+def peers_table(report: dict[str, Any]) -> str:
+    best = report["reference_best"]
+    none = report["studies"]["none"]
+    lines = [
+        f"reference: the unpruned study's best {best:.4f}; within 1 %: <= {best * 1.01:.4f}",
+        "",
+        "| contender | trials (state: n) | wall s | CPU s | optimizer steps | best value | "
+        "s to within 1 % | / unpruned wall | steps to within 1 % |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in report["studies"].items():
+        states = ", ".join(f"{k.lower()}: {v}" for k, v in sorted(s["states"].items()))
+        reach = s["reach_s"]
+        shown = "never" if reach is None else f"{reach:.0f}"
+        share = "" if reach is None else f"{reach / none['wall_s']:.2f}"
+        value = "n/a" if s["best_value"] is None else f"{s['best_value']:.4f}"
+        steps = reach_steps(s, best)
+        lines.append(
+            f"| {name} | {states} | {s['wall_s']:.0f} | {s.get('cpu_s', 0):.0f} | "
+            f"{s['optimizer_steps']:,} | {value} | {shown} | {share} | "
+            f"{'' if steps is None else format(steps, ',')} |"
+        )
+    lines += ["", f"same configurations as the reference: {report['same_configurations']}"]
+    for goal, g in report["goals"].items():
+        lines.append(f"goal {goal}: {'met' if g['met'] else 'MISSED'} {g}")
+    return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""The fleet a sweep runs: how many workers, which devices each one gets, decided and checked
+before anything starts (README, "A node, a cluster").
+
+A worker is the ordinary one-process sweep worker (`_worker.Worker`: n_jobs=1, the study-wide
+budget, the shared storage). A fleet is N of them: started as processes of this node
+(`_fleet.LocalFleet`) or as jobs of a Hydra launcher (`_fleet_jobs`). Each worker is pinned to
+its own devices through CUDA_VISIBLE_DEVICES, set before the process (or job) starts CUDA; the
+list is faked on a machine without a GPU exactly as on one with GPUs, so it can be tested.
+
+A process learns that it is a fleet's worker, and which, from WORKER_ENV: it then runs as a
+plain worker whatever `hpo.workers` says.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from ._errors import SweepConfigError
+
+WORKER_ENV = "HYDRATRAIN_FLEET_WORKER"  # this process is worker <n> of a fleet
+DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    workers: int
+    devices: tuple[tuple[str, ...], ...]  # per worker; () leaves CUDA_VISIBLE_DEVICES alone
+    gpus_per_trial: int
+
+    @property
+    def is_fleet(self) -> bool:
+        return self.workers > 1
+
+    def env(self, index: int) -> dict[str, str]:
+        """What worker `index` adds to its environment, before anything starts CUDA."""
+        env = {WORKER_ENV: str(index)}
+        if self.devices[index]:
+            env[DEVICES_ENV] = ",".join(self.devices[index])
+        return env
+
+    def describe(self) -> str:
+        per = ", ".join(
+            f"{i}: {','.join(d) if d else 'as launched'}" for i, d in enumerate(self.devices)
+        )
+        ranks = f", {self.gpus_per_trial} ranks per trial" if self.gpus_per_trial > 1 else ""
+        return f"{self.workers} workers (devices {per}){ranks}"
+
+
+def plan_fleet(
+    workers: Any, devices: Any, gpus_per_trial: Any, trials_per_gpu: Any, visible: list[str]
+) -> FleetPlan:
+    """hpo.workers, hpo.devices, hpo.gpus_per_trial and hpo.trials_per_gpu, checked, with the
+    GPUs this machine shows (`visible`) -> the fleet. Bad values raise SweepConfigError."""
+    k = _positive_int(gpus_per_trial, "hpo.gpus_per_trial")
+    share = _positive_int(trials_per_gpu, "hpo.trials_per_gpu")
+    pool = _device_list(devices) if devices is not None else list(visible)
+    if pool and len(pool) % k:
+        raise SweepConfigError(
+            f"hpo.devices={pool} cannot be split into groups of hpo.gpus_per_trial={k}; "
+            f"allowed: a multiple of {k} devices"
+        )
+    groups = [tuple(pool[i : i + k]) for i in range(0, len(pool), k)]
+    seats = len(groups) * share  # a group serves `share` workers
+    n = _workers(workers, seats)
+    if groups and n > seats:
+        raise SweepConfigError(
+            f"hpo.workers={n} is more than the devices {pool} seat: groups of "
+            f"hpo.gpus_per_trial={k}, hpo.trials_per_gpu={share} per group; "
+            f"allowed: auto or 1..{seats}"
+        )
+    # Round the groups first: two workers share a GPU only once every GPU has one.
+    assigned = tuple(groups[i % len(groups)] if groups else () for i in range(n))
+    return FleetPlan(n, assigned, k)
+
+
+def _workers(value: Any, seats: int) -> int:
+    if value == "auto":
+        return max(1, seats)
+    return _positive_int(value, "hpo.workers", also="auto")
+
+
+def _positive_int(value: Any, key: str, also: str = "") -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    allowed = f"{also} or a positive integer" if also else "a positive integer"
+    raise SweepConfigError(f"{key}={value!r} is not allowed; allowed: {allowed}")
+
+
+def _device_list(value: Any) -> list[str]:
+    items = list(value) if isinstance(value, list | tuple) else None
+    ok = items is not None and all(_device_name(d) for d in items)
+    if not ok or not items or len(set(map(str, items))) != len(items):
+        raise SweepConfigError(
+            f"hpo.devices={value!r} is not allowed; allowed: null (the visible GPUs) or a list "
+            "of distinct device indices or UUIDs, e.g. [0,1]"
+        )
+    return [str(d) for d in items]
+
+
+def _device_name(d: Any) -> bool:
+    if isinstance(d, bool):
+        return False
+    if isinstance(d, int):
+        return d >= 0
+    return isinstance(d, str) and bool(d) and "," not in d and not d.isspace()
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """Who runs a trial, recorded on it: the fleet's worker number (None outside a fleet),
+    the host, the process and CUDA_VISIBLE_DEVICES as the worker saw it."""
+
+    worker: int | None
+    host: str
+    pid: int
+    devices: str | None
+
+    @classmethod
+    def here(cls) -> WorkerIdentity:
+        index = os.environ.get(WORKER_ENV)
+        return cls(
+            worker=int(index) if index is not None and index.isdigit() else None,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            devices=os.environ.get(DEVICES_ENV),
+        )
+
+    def attrs(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker,
+            "host": self.host,
+            "worker_pid": self.pid,
+            "devices": self.devices,
+        }
+
+
+def fleet_worker() -> bool:
+    """This process is one worker of a fleet (never a fleet's parent)."""
+    return os.environ.get(WORKER_ENV) is not None
+
+
+def seeded_for_worker(sampler: DictConfig) -> DictConfig:
+    """Worker n of a fleet samples with seed + n: with one seed, every worker would ask for
+    the same points while no trial has finished yet (the random start-up trials)."""
+    index = os.environ.get(WORKER_ENV, "")
+    if not index.isdigit() or sampler.get("seed") is None:
+        return sampler
+    node = copy.deepcopy(sampler)
+    node.seed = int(sampler.seed) + int(index)
+    return node

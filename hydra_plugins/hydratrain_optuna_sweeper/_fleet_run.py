@@ -1,0 +1,98 @@
+"""The sweeper's side of a fleet: decide it with the other settings (before the study is
+touched), then run it in the place of the lone worker: processes of this node under Hydra's
+basic launcher, jobs of any other launcher (`_fleet_jobs`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from app.hpo import visible_gpus
+
+from ._errors import SweepConfigError
+from ._fleet import LocalFleet, TrialTicker
+from ._fleet_jobs import FleetJob, launch_fleet, worker_config
+from ._fleet_plan import FleetPlan, fleet_worker, plan_fleet
+from ._results import write_results
+from ._settings import SweepSettings, read_hpo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Fleet:
+    plan: FleetPlan
+    sweeper: Any  # the OptunaSweeperImpl that plans and launches
+    arguments: list[str]
+
+    @property
+    def local(self) -> bool:
+        return runs_here(self.sweeper.config)
+
+    def run(self, plan: Any) -> int:
+        """Run the fleet on `plan.study` until its budget is spent; the fleet's status."""
+        s: SweepSettings = plan.settings
+        where = "processes of this node" if self.local else "jobs of the configured launcher"
+        log.info(
+            "Fleet: %s as %s, study in %s; logs in %s/workers",
+            self.plan.describe(),
+            where,
+            plan.mask(s.storage.text),
+            plan.sweep_dir,
+        )
+        try:
+            if self.local:
+                return LocalFleet(self.plan, plan.study, s, plan.sweep_dir).run()
+            ticker = TrialTicker(plan.study)
+            return launch_fleet(
+                self._job(), self.sweeper.config, self.plan, ticker, s.liveness.poll_interval
+            )
+        finally:
+            write_results(plan.study, plan.mask(s.storage.text), s.metrics, plan.sweep_dir)
+
+    def _job(self) -> FleetJob:
+        sw = self.sweeper
+        return FleetJob(
+            sweeper_cls=type(sw),
+            options=dict(sw.options),
+            stock_node=sw.stock_node,
+            hydra_context=sw.hydra_context,
+            task_function=sw.task_function,
+            config=worker_config(sw.hydra_context, sw.config),
+            arguments=list(self.arguments),
+            envs=[self.plan.env(i) for i in range(self.plan.workers)],
+        )
+
+
+def runs_here(config: Any) -> bool:
+    """Hydra's basic launcher runs jobs one after another in this process: a fleet's workers
+    are then processes of this node."""
+    choices = config.hydra.runtime.choices
+    return str(choices.get("hydra/launcher", "basic")) == "basic"
+
+
+def plan_fleet_of(sweeper: Any, s: SweepSettings, arguments: list[str]) -> Fleet | None:
+    """The fleet hpo.workers asks for, checked; None for a lone worker (or a fleet's own)."""
+    hpo = read_hpo(sweeper.config.get("hpo"))
+    if hpo is None:
+        return None
+    # A launcher's jobs run on the nodes it picks, with the devices it gives them: this
+    # node's GPUs say nothing about theirs (hpo.devices, when set, pins them all the same).
+    visible = visible_gpus() if runs_here(sweeper.config) else []
+    plan = plan_fleet(hpo.workers, hpo.devices, hpo.gpus_per_trial, hpo.trials_per_gpu, visible)
+    if not plan.is_fleet or fleet_worker():
+        return None
+    if s.budget.per_run:
+        raise SweepConfigError(
+            f"hpo.workers={plan.workers} needs a study-wide budget, but {s.budget.key}="
+            f"{s.budget.n_trials} counts the trials of each run (each worker would run that "
+            "many); allowed: hpo.n_trials, the study's total"
+        )
+    if not s.storage.persistent:
+        raise SweepConfigError(
+            f"hpo.workers={plan.workers} needs a study the workers share, but "
+            f"{s.storage.key} keeps it in this process's memory; allowed: a journal file "
+            "(one node) or a database URL (a cluster)"
+        )
+    return Fleet(plan, sweeper, list(arguments))

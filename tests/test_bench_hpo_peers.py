@@ -1,0 +1,103 @@
+"""`python -m app.bench --hpo-peers`: when a study came within 1 % of the reference's best, the
+goals judged from it, and the Trainer study drawing the sweeper's configurations."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from app.bench.hf_study import ARGUMENT, _space, _suggest
+from app.bench.hpo_peers import (
+    _same_configurations,
+    goals,
+    peers_table,
+    reach_seconds,
+    reach_steps,
+)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _row(number: int, value: float | None, end: float, state: str = "COMPLETE", **params):
+    return {"number": number, "state": state, "value": value, "end": end, "steps": 10,
+            "params": params or {"x": number}}  # fmt: skip
+
+
+def _study(wall: float, rows: list[dict], best: float | None = None) -> dict:
+    done = [r["value"] for r in rows if r["state"] == "COMPLETE"]
+    return {
+        "wall_s": wall,
+        "started_at": 1000.0,
+        "trials": rows,
+        "states": {"COMPLETE": len(done)},
+        "optimizer_steps": 10 * len(rows),
+        "best_value": best if best is not None else (min(done) if done else None),
+    }
+
+
+def test_reach_is_the_first_completed_trial_within_one_percent_of_the_best():
+    rows = [
+        _row(0, 1.10, 1010.0),
+        _row(1, 1.009, 1030.0),  # within 1 % of 1.0: the first
+        _row(2, 1.0, 1020.0, state="PRUNED"),  # a pruned trial's last report does not count
+        _row(3, 1.0, 1050.0),
+    ]
+    assert reach_seconds(_study(60, rows), best=1.0) == pytest.approx(30.0)
+    assert reach_steps(_study(60, rows), best=1.0) == 30  # trials 0-2 had ended by then
+    assert reach_seconds(_study(60, rows[:1]), best=1.0) is None
+
+
+def test_goals_say_met_or_missed_with_their_figures():
+    none = _study(300, [_row(0, 1.0, 1300.0)])
+    default = _study(120, [_row(0, 1.0, 1090.0)])
+    trainer = _study(400, [_row(0, 1.0, 1200.0)])
+    asha = _study(100, [_row(0, 1.05, 1080.0)])
+    studies = {"none": none, "default": default, "trainer": trainer, "asha": asha}
+    for s in studies.values():
+        s["reach_s"] = reach_seconds(s, 1.0)
+    g = goals(studies)
+    assert g["default_within_third_of_unpruned_wall"]["met"]  # 90 <= 300 / 3
+    assert g["default_under_half_of_trainer"]["met"]  # 90 < 200 / 2
+    assert not g["asha_keeps_the_best"]["met"]  # 1.05 != 1.0
+    report = {"reference_best": 1.0, "studies": studies, "same_configurations": {}, "goals": g}
+    table = peers_table(report)
+    assert "| default | complete: 1 | 120 | 0 | 10 | 1.0000 | 90 | 0.30 | 10 |" in table
+    assert "goal asha_keeps_the_best: MISSED" in table
+
+
+def test_configurations_are_compared_line_by_line_in_order():
+    ref = [_row(i, 1.0, 1000.0, lr=0.1 * (i + 1)) for i in range(3)]
+    copy = _row(3, 1.0, 1000.0, lr=0.1)  # a promoted copy repeats trial 0's
+    other = [_row(0, 1.0, 1000.0, lr=0.3), *ref[1:]]
+    studies = {"none": _study(1, ref), "asha": _study(1, [*ref, copy]), "x": _study(1, other)}
+    assert _same_configurations(studies) == {"none": True, "asha": True, "x": False}
+
+
+def test_the_trainer_study_draws_the_sweepers_configurations_under_its_own_names():
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.hydratrain_optuna_sweeper._space import suggest
+
+    params = OmegaConf.create(
+        {
+            "training.effective_batch_size": "choice(8, 16, 32, 64)",
+            "training.lr": "tag(log, interval(3e-4, 3e-2))",
+            "training.weight_decay": "interval(0.0, 0.2)",
+            "training.warmup_steps": "choice(0, 10, 30)",
+        }
+    )
+    space = _space(params)
+    ours = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=7))
+    theirs = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=7))
+    for _ in range(5):
+        trial = ours.ask()
+        for name, dist in space.items():  # as the sweeper's worker does
+            suggest(trial, name, dist)
+        drawn = trial.params
+        peer = _suggest(theirs.ask(), space, micro=8)
+        assert peer == {
+            ARGUMENT["training.effective_batch_size"]: drawn["training.effective_batch_size"] // 8,
+            ARGUMENT["training.lr"]: drawn["training.lr"],
+            ARGUMENT["training.weight_decay"]: drawn["training.weight_decay"],
+            ARGUMENT["training.warmup_steps"]: drawn["training.warmup_steps"],
+        }

@@ -1,0 +1,194 @@
+"""A fleet of workers on one study (`hpo.workers`), with the fake trainer (tests/fake_app):
+two processes pinned to their own (fake) devices, no barrier between them, a worker killed
+mid-trial, SIGTERM to the parent, and the same fleet as jobs of Hydra's launchers.
+
+Trials numbered below `fake.hold_below` wait for `fake.release_file`: the tests order events
+by what the study says, never by the clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+
+from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._study import counted
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = [sys.executable, str(ROOT / "tests" / "fake_app" / "fake_train.py"), "-m", "hpo=optuna"]
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _args(tmp_path: Path, n: int, *extra: str) -> list[str]:
+    return [
+        f"hpo.n_trials={n}",
+        "hpo.study_name=t",
+        f"hpo.storage={tmp_path}/study.journal",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+        "hpo.tensorboard=false",
+        "hpo.pruner=none",
+        "hpo.poll_interval=0.2",
+        f"fake.release_file={tmp_path}/release",
+        *extra,
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_processes(tmp_path):
+    """A failed test leaves no fleet behind: held trials are released, the parent stopped
+    (it passes SIGTERM on to its workers)."""
+    started: list[subprocess.Popen] = []
+    _STARTED.append(started)
+    yield
+    _STARTED.remove(started)
+    (tmp_path / "release").touch()
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+_STARTED: list[list[subprocess.Popen]] = []
+
+
+def _start(tmp_path: Path, args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([*FAKE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    _STARTED[-1].append(proc)
+    return proc
+
+
+def _trials(tmp_path: Path) -> list[FrozenTrial]:
+    path = tmp_path / "study.journal"
+    if not path.exists():
+        return []
+    try:
+        return optuna.load_study(study_name="t", storage=journal(str(path))).get_trials()
+    except KeyError:  # the study is not created yet
+        return []
+
+
+def _wait_for(tmp_path: Path, ready: Callable[[list[FrozenTrial]], bool], proc=None) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if ready(_trials(tmp_path)):
+            return
+        if proc is not None and proc.poll() is not None:
+            _out, err = proc.communicate()
+            raise AssertionError(f"the sweep ended first ({proc.returncode}): {err[-2000:]}")
+        time.sleep(0.1)
+    raise AssertionError("the sweep never got there")
+
+
+def _running(t: FrozenTrial) -> bool:
+    return t.state == TrialState.RUNNING and "worker_pid" in t.user_attrs
+
+
+def _budget_spent(trials: list[FrozenTrial], n: int) -> bool:
+    done = [t for t in trials if counted(t)]
+    return len(done) == n and all(t.state == TrialState.COMPLETE for t in done)
+
+
+def test_two_workers_on_their_own_devices_run_trials_with_no_barrier(tmp_path):
+    parent = _start(tmp_path, _args(tmp_path, 4, "hpo.workers=2", "hpo.devices=[0,1]",
+                                    "fake.hold_below=1"))  # fmt: skip
+    # Trial 0 holds its worker; the other worker must go on through 1, 2 and 3 meanwhile.
+    _wait_for(tmp_path, lambda ts: len(ts) == 4 and _running(ts[0])
+              and all(t.state == TrialState.COMPLETE for t in ts[1:]), parent)  # fmt: skip
+    (tmp_path / "release").touch()
+    out, err = parent.communicate(timeout=120)
+    assert parent.returncode == 0, err[-2000:]
+    trials = _trials(tmp_path)
+    assert _budget_spent(trials, 4) and len(trials) == 4
+    held, rest = trials[0], trials[1:]
+    assert {t.user_attrs["worker"] for t in rest} == {1 - held.user_attrs["worker"]}
+    assert all(t.datetime_complete < held.datetime_complete for t in rest)  # no barrier
+    for t in trials:  # each trial ran pinned to its worker's device, as the worker saw it
+        summary = json.loads(Path(t.user_attrs["run_dir"], "summary.json").read_text())
+        assert t.user_attrs["devices"] == summary["devices"] == str(t.user_attrs["worker"])
+        assert t.user_attrs["host"] and t.user_attrs["worker_pid"] != parent.pid
+    lines = [ln for ln in out.splitlines() if "] Trial " in ln]
+    assert len(lines) == 4 and all("COMPLETE" in ln and "(devices " in ln for ln in lines)
+    assert "Fleet: 2 workers (devices 0: 0, 1: 1)" in out
+
+
+def test_a_worker_killed_mid_trial_leaves_the_budget_to_the_other(tmp_path):
+    # stale_after: longer than the test waits; the parent fails the trial the moment its
+    # worker is gone, not when its heartbeat is overdue.
+    args = _args(tmp_path, 3, "hpo.workers=2", "hpo.retry_stale=1", "hpo.stale_after=600",
+                 "fake.hold_below=1")  # fmt: skip
+    parent = _start(tmp_path, args)
+    _wait_for(tmp_path, lambda ts: bool(ts) and _running(ts[0]), parent)
+    victim = _trials(tmp_path)[0].user_attrs["worker_pid"]
+    os.kill(victim, signal.SIGKILL)
+    _out, err = parent.communicate(timeout=120)
+    assert parent.returncode == 1, err[-2000:]
+    assert "error: 1 of 2 workers did not end cleanly" in err and "killed by SIGKILL" in err
+    trials = _trials(tmp_path)
+    stale = trials[0]
+    assert stale.state == TrialState.FAIL and stale.user_attrs["reason"] == "stale"
+    assert "killed by SIGKILL" in stale.user_attrs["error"] and not counted(stale)
+    retry = next(t for t in trials if t.system_attrs.get("failed_trial") == 0)
+    assert retry.state == TrialState.COMPLETE and retry.params == stale.params
+    assert retry.user_attrs["worker_pid"] != victim
+    assert _budget_spent(trials, 3)
+
+
+def test_sigterm_to_the_parent_preempts_every_worker_and_the_command_resumes(tmp_path):
+    args = _args(tmp_path, 4, "hpo.workers=2", "fake.hold_below=2")
+    parent = _start(tmp_path, args)
+    holding = [tmp_path / f"release.{n}.holding" for n in (0, 1)]
+    _wait_for(tmp_path, lambda ts: all(p.exists() for p in holding), parent)  # both mid-trial
+    parent.send_signal(signal.SIGTERM)
+    _out, err = parent.communicate(timeout=120)
+    assert parent.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("stopped: SIGTERM: every worker recorded")
+    trials = _trials(tmp_path)
+    for t in trials[:2]:  # each worker preempted its trial and queued it again
+        assert t.state == TrialState.FAIL and t.user_attrs["reason"] == "preempted"
+    assert [t.state for t in trials[2:]] == [TrialState.WAITING] * 2
+
+    rerun = _start(tmp_path, args)  # the same command
+    _out, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err[-2000:]
+    trials = _trials(tmp_path)
+    assert _budget_spent(trials, 4)
+    resumed = [t for t in trials if t.system_attrs.get("failed_trial") in (0, 1)]
+    assert len(resumed) == 2 and all(t.state == TrialState.COMPLETE for t in resumed)
+
+
+@pytest.mark.parametrize("launcher", ["submitit_local", "joblib"])
+def test_a_launcher_runs_the_fleet_as_long_lived_worker_jobs(tmp_path, launcher):
+    pytest.importorskip(f"hydra_plugins.hydra_{launcher.split('_')[0]}_launcher")
+    parent = _start(tmp_path, _args(tmp_path, 6, "hpo.workers=2", "hpo.devices=[0,1]",
+                                    f"hydra/launcher={launcher}"))  # fmt: skip
+    out, err = parent.communicate(timeout=300)
+    assert parent.returncode == 0, err[-2000:]
+    trials = _trials(tmp_path)
+    assert _budget_spent(trials, 6) and len(trials) == 6
+    by_worker = {t.user_attrs["worker"]: set() for t in trials}
+    for t in trials:
+        by_worker[t.user_attrs["worker"]].add(t.user_attrs["worker_pid"])
+        assert t.user_attrs["devices"] == str(t.user_attrs["worker"])
+    # Two jobs, each one process that ran trial after trial: not a job per trial.
+    assert set(by_worker) == {0, 1} and all(len(p) == 1 for p in by_worker.values())
+    assert parent.pid not in {p for pids in by_worker.values() for p in pids}
+    if launcher == "submitit_local":
+        jobs = [p for p in (tmp_path / "multirun" / ".submitit").iterdir() if p.name.isdigit()]
+        assert len(jobs) == 2
+    else:
+        assert "is launching 2 jobs" in out

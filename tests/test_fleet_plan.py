@@ -1,0 +1,119 @@
+"""The fleet's plan, its bad settings, its exit status and a trial's one outcome over its
+ranks: the parts of `hpo.workers` and `hpo.gpus_per_trial` that need no process."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from app.core.outcomes import Preempted, Pruned, RunOutcome, Status, TrainingOOM
+from app.engine.ranks import RankRecord, one_outcome
+from app.hpo import visible_gpus
+from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
+from hydra_plugins.hydratrain_optuna_sweeper._fleet import ending
+from hydra_plugins.hydratrain_optuna_sweeper._fleet_plan import (
+    WORKER_ENV,
+    plan_fleet,
+    seeded_for_worker,
+)
+
+EIGHT = [str(i) for i in range(8)]
+
+
+def test_auto_is_one_worker_per_visible_gpu_and_one_on_a_cpu_machine():
+    plan = plan_fleet("auto", None, 1, 1, EIGHT)
+    assert plan.workers == 8 and plan.devices == tuple((str(i),) for i in range(8))
+    assert plan.env(3) == {WORKER_ENV: "3", "CUDA_VISIBLE_DEVICES": "3"}
+    cpu = plan_fleet("auto", None, 1, 1, [])
+    assert cpu.workers == 1 and not cpu.is_fleet
+
+
+def test_gpus_per_trial_groups_the_devices_of_each_worker():
+    plan = plan_fleet("auto", None, 2, 1, EIGHT)
+    assert plan.workers == 4 and plan.devices[1] == ("2", "3")
+    assert plan.env(1)["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_devices_are_pinned_on_a_machine_without_gpus_too():
+    plan = plan_fleet(2, [0, 1], 1, 1, [])  # the fake device list of the CPU tests
+    assert [plan.env(i)["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["0", "1"]
+    uuids = plan_fleet(2, ["GPU-a", "GPU-b"], 1, 1, [])
+    assert uuids.devices == (("GPU-a",), ("GPU-b",))
+
+
+def test_workers_without_devices_leave_cuda_visible_devices_alone():
+    plan = plan_fleet(3, None, 1, 1, [])
+    assert plan.workers == 3 and all(plan.env(i) == {WORKER_ENV: str(i)} for i in range(3))
+
+
+def test_trials_per_gpu_shares_a_gpu_only_once_every_gpu_has_a_worker():
+    plan = plan_fleet("auto", [0, 1], 1, 2, [])
+    assert [d[0] for d in plan.devices] == ["0", "1", "0", "1"]
+
+
+@pytest.mark.parametrize(
+    ("workers", "devices", "k", "share", "message"),
+    [
+        (0, None, 1, 1, "hpo.workers=0 is not allowed; allowed: auto or a positive integer"),
+        ("many", None, 1, 1, "hpo.workers='many' is not allowed"),
+        (True, None, 1, 1, "hpo.workers=True is not allowed"),
+        (1, None, 0, 1, "hpo.gpus_per_trial=0 is not allowed; allowed: a positive integer"),
+        (1, None, 1, 0, "hpo.trials_per_gpu=0 is not allowed"),
+        (1, [0, 1, 2], 2, 1, "cannot be split into groups of hpo.gpus_per_trial=2"),
+        (3, [0, 1], 1, 1, "hpo.workers=3 is more than the devices ['0', '1'] seat"),
+        (2, [0, 0], 1, 1, "hpo.devices=[0, 0] is not allowed"),
+        (2, [], 1, 1, "hpo.devices=[] is not allowed"),
+        (2, "0,1", 1, 1, "hpo.devices='0,1' is not allowed"),
+        (2, [-1, 0], 1, 1, "hpo.devices=[-1, 0] is not allowed"),
+    ],
+)
+def test_bad_fleet_settings_are_one_line_naming_the_setting(workers, devices, k, share, message):
+    with pytest.raises(SweepConfigError) as err:
+        plan_fleet(workers, devices, k, share, EIGHT)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_each_worker_of_a_fleet_samples_with_its_own_seed(monkeypatch):
+    node = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 7})
+    assert seeded_for_worker(node).seed == 7  # a lone worker: as configured
+    monkeypatch.setenv(WORKER_ENV, "3")
+    assert seeded_for_worker(node).seed == 10 and node.seed == 7
+    unseeded = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": None})
+    assert seeded_for_worker(unseeded).seed is None
+
+
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-x,-1,3")
+    assert visible_gpus() == ["2", "GPU-x"]  # CUDA stops at the first invalid entry
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
+
+
+def test_the_fleet_status_says_whether_every_worker_ended_cleanly(tmp_path, capsys):
+    d = str(tmp_path)
+    assert ending([("worker 0", 0), ("worker 1", 0)], d, None) == 0
+    assert ending([("worker 0", 143), ("worker 1", 143)], d, 15) == 143
+    assert ending([("worker 0", 0), ("worker 1", 143)], d, None) == 143  # its own signal
+    assert ending([("worker 0", 0), ("worker 1", -9)], d, None) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("error: 1 of 2 workers did not end cleanly (worker 1: killed by")
+
+
+def _record(rank: int, status: Status, **kw) -> RankRecord:
+    return RankRecord(rank=rank, world_size=2, pid=rank, devices=None, status=status.value, **kw)
+
+
+def test_a_trial_on_two_ranks_gets_one_outcome():
+    done = [_record(0, Status.COMPLETED, objective=1.5), _record(1, Status.COMPLETED)]
+    assert one_outcome(done) == 1.5  # rank 0's
+    with pytest.raises(TrainingOOM, match="rank 1 of 2"):  # the OOM, not its peer's failure
+        one_outcome([_record(0, Status.FAILED, error="peer gone"), _record(1, Status.OOM)])
+    with pytest.raises(Pruned):
+        one_outcome([_record(0, Status.PRUNED, steps=3), _record(1, Status.PRUNED, steps=3)])
+    with pytest.raises(Preempted) as stop:
+        one_outcome([_record(0, Status.PREEMPTED, steps=4, signum=2), _record(1, Status.FAILED)])
+    assert stop.value.signum == 2 and stop.value.step == 4
+    with pytest.raises(RunOutcome, match=r"rank\(s\) \[1\] of 2 ended without a record"):
+        one_outcome([_record(0, Status.COMPLETED, objective=1.0)])
+    with pytest.raises(RunOutcome, match="before any of them recorded"):
+        one_outcome([])
