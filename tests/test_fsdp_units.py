@@ -147,3 +147,24 @@ def test_the_agreement_raises_on_every_rank_and_ends_the_run_inside_an_update(gr
     with pytest.raises(torch.OutOfMemoryError) as raised:
         off.boundary(faults, "backward", 4, step=0)
     assert not isinstance(raised.value, AgreedOOM)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "deberta-v2", "bert"])
+def test_fsdp_finds_one_unit_per_transformer_block_in_every_family(family):
+    """The blocks FSDP shards one by one: each family's list of hidden layers, nothing else."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from app.engine.fsdp import transformer_blocks
+
+    size = {"hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64}
+    if family == "gpt2":
+        size = {"n_embd": 32, "n_head": 2}
+    cfg = AutoConfig.for_model(family, num_hidden_layers=3, vocab_size=64, **size)
+    if family in ("gpt2", "llama"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    else:
+        model = AutoModelForSequenceClassification.from_config(cfg)
+    blocks = transformer_blocks(model)
+    assert len(blocks) == 3
+    names = {n for n, m in model.named_modules() if any(m is b for b in blocks)}
+    assert all(n.rsplit(".", 1)[-1].isdigit() for n in names), names

@@ -15,6 +15,7 @@ from app.bench.hpo import hpo_table, run_hpo_bench
 from app.bench.hpo_peers import CONTENDERS as HPO_PEERS
 from app.bench.hpo_peers import peers_table, run_peers_bench
 from app.bench.micro import adamw_step_times, adamw_table, measure_startup, startup_table
+from app.bench.parallel import parallel_table, run_parallel_bench
 from app.bench.profiles import CONTENDERS, PROFILES
 from app.bench.report import ablation_table, benchmark_table, machine_info
 from app.bench.schedule import run_ablations, run_benchmark
@@ -34,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         adamw = adamw_step_times(args.rounds)
         report = {"machine": machine_info(), "adamw": adamw}
         print(adamw_table(adamw))
+    elif args.parallel:
+        report = {"machine": machine_info(), **run_parallel_bench(args.overrides, args.rounds)}
+        print(parallel_table(report))
     elif args.fleet:
         report = {"machine": machine_info(), **run_fleet_bench(args.overrides, args.rounds)}
         print(fleet_table(report))
@@ -76,6 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--startup-runs", type=int, default=7)
     p.add_argument("--adamw", action="store_true", help="time one AdamW step per implementation")
     p.add_argument("--hpo", action="store_true", help="a seeded study with and without pruning")
+    p.add_argument(
+        "--parallel", action="store_true", help="DDP and FSDP on 2 ranks, OOM agreement on/off"
+    )
     p.add_argument("--fleet", action="store_true", help="a seeded study with 1 and 2 workers")
     p.add_argument(
         "--hpo-peers",
@@ -95,6 +102,7 @@ def default_json_path(args: argparse.Namespace) -> str:
         "adamw": args.adamw,
         "hpo": args.hpo,
         "fleet": args.fleet,
+        "parallel": args.parallel,
         "hpo-peers": args.hpo_peers,
         "ablate": args.ablate,
     }
