@@ -310,6 +310,8 @@ SWEEP_CASES = [
     ("fleet-seats", ["hpo.workers=3", "hpo.devices=[0,1]"], "hpo.workers=3 is more than"),
     ("fleet-memory", ["hpo.workers=2", "hpo.storage=memory"], "needs a study the workers share"),
     ("fleet-per-run", ["hpo.workers=2", "hydra.sweeper.n_trials=3"], "study-wide budget"),
+    ("ranks-memory", ["hpo.gpus_per_trial=2", "hpo.storage=memory"], "needs a study its ranks"),
+    ("ranks-asha", ["hpo.gpus_per_trial=2", "hpo.pruner=asha"], "do not agree on a pause"),
 ]
 
 

@@ -435,9 +435,9 @@ class Wrapped(torch.nn.Module):
 
 
 def test_a_wrapped_model_exports_its_plain_weights(tmp_path, monkeypatch):
-    import app.engine.runner
+    import app.engine.parallel
 
-    monkeypatch.setattr(app.engine.runner, "maybe_compile", lambda model, *a: Wrapped(model))
+    monkeypatch.setattr(app.engine.parallel, "maybe_compile", lambda model, *a: Wrapped(model))
     summary = run_training(config(tiny(tmp_path, "training.max_steps=2")), tmp_path / "run")
     names = set(_tensors(Path(summary.export_dir)))
     assert names and all(n.startswith(("transformer.", "lm_head.")) for n in names), names

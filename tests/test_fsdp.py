@@ -269,7 +269,8 @@ def test_an_oom_on_rank_1_alone_is_recovered_on_both_ranks(base, fsdp2, ddp2, pa
     assert summary["oom_count"] == 1 and summary["batch_source"] == "reduced_after_oom"
     assert summary["micro_batch_size"] == 2 and summary["effective_batch_size"] == 16
     # Both ranks shrank at the same step: each logged it.
-    assert proc.stderr.count("OOM at step 2 with micro-batch 4: retrying the step with 2") == 2
+    logged = proc.stdout + proc.stderr
+    assert logged.count("OOM at step 2 with micro-batch 4: retrying the step with 2") == 2
     reference_dir, reference = (fsdp2[0], fsdp2[1]) if parallelism == "fsdp" else ddp2
     assert summary["final_val_loss"] == pytest.approx(reference["final_val_loss"], rel=1e-5)
     mine, theirs = exported(run_dir), exported(reference_dir)

@@ -168,3 +168,79 @@ def test_fsdp_finds_one_unit_per_transformer_block_in_every_family(family):
     assert len(blocks) == 3
     names = {n for n, m in model.named_modules() if any(m is b for b in blocks)}
     assert all(n.rsplit(".", 1)[-1].isdigit() for n in names), names
+
+
+def test_a_rank_that_cannot_meet_the_others_ends_as_an_oom(group_of_one, monkeypatch):
+    """Out of memory inside one of FSDP's collectives: the others wait in it, not at a
+    boundary, so the agreement's own collective fails (or times out). The rank that ran out
+    ends as an OOM (a trial: pruned, reason oom), not as a distributed error."""
+    import app.engine.agreement as agreement_module
+    from app.engine.agreement import Agreement
+
+    def peers_gone(*args, **kwargs):
+        raise dist.DistBackendError("[gloo] Timed out waiting 1800000ms for recv operation")
+
+    monkeypatch.setattr(agreement_module.dist, "all_reduce", peers_gone)
+    agreement = Agreement(rank=1, enabled=True)
+    agreement.phase = "forward"
+    with pytest.raises(TrainingOOM, match=r"rank 1 inside forward \(step 3\).*DistBackendError"):
+        agreement.join(3, "CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_an_evaluation_oom_with_recovery_off_ends_the_run(tmp_path):
+    """No retry at a smaller evaluation micro-batch when recovery is off: under torchrun no
+    rank agreed, and one evaluating again alone would meet its peers' collectives out of
+    order."""
+    from app.engine.runner import run_training
+
+    faults = [
+        "faults.oom_above_micro_batch=4",
+        "faults.oom_phase=eval",
+        "training.eval_micro_batch_size=8",
+        "training.auto_batch.oom_recovery=false",
+    ]
+    cfg = config([*TINY, f"data.cache_dir={tmp_path / 'cache'}", *faults])
+    with pytest.raises(TrainingOOM, match="in evaluation at micro-batch 8"):
+        run_training(cfg, tmp_path / "run")
+
+
+def test_a_step_written_again_replaces_its_checkpoint_whole_even_if_killed_between(
+    tmp_path, monkeypatch
+):
+    """A checkpoint of a step an earlier attempt wrote is moved aside before the new one takes
+    its name: a kill in between leaves no half-deleted directory under a checkpoint's name."""
+    import os
+
+    from app.engine import checkpoint as ckpt
+    from app.engine import sharded_checkpoint as sharded
+
+    checkpoints = tmp_path / "checkpoints"
+    previous, final = checkpoints / "step_00000003", checkpoints / "step_00000006"
+    for directory in (previous, final):
+        _small_state(directory)
+        (directory / sharded.INDEX_FILE).write_bytes(b"index")
+    tmp = sharded.temporary(final)
+    _small_state(tmp)
+    (tmp / sharded.INDEX_FILE).write_bytes(b"new index")
+    real_replace, calls = os.replace, []
+
+    def killed_before_the_new_one_takes_its_name(src, dst):
+        calls.append(Path(dst))
+        if Path(dst) == final:
+            raise KeyboardInterrupt("killed")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(sharded.os, "replace", killed_before_the_new_one_takes_its_name)
+    with pytest.raises(KeyboardInterrupt):
+        sharded.finish(tmp, final, {"step": 6})
+    assert final.with_name(".step_00000006.old") in calls  # the old copy went aside first
+    assert ckpt.list_checkpoints(checkpoints) == [previous]  # the previous is the latest
+    sharded.remove_temporaries(checkpoints)
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_00000003"]
+    monkeypatch.setattr(sharded.os, "replace", real_replace)
+    _small_state(tmp)
+    (tmp / sharded.INDEX_FILE).write_bytes(b"new index")
+    _small_state(final)
+    sharded.finish(tmp, final, {"step": 6})  # replaced, with nothing left aside
+    assert (final / sharded.INDEX_FILE).read_bytes() == b"new index"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_00000003", "step_00000006"]

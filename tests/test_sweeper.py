@@ -429,6 +429,22 @@ def test_stale_trial_is_failed_and_requeued(tmp_path):
     assert len(budget.next_trials(1)) == 1 and budget.next_trials(1) == []
 
 
+def test_a_stale_resumed_trial_is_retried_from_the_checkpoint_it_resumed_from(tmp_path):
+    """A promoted (or preempted) trial whose worker dies: its retry resumes where it started,
+    not from step 0 (ASHA's promise: a promoted trial resumes from its checkpoint exactly)."""
+    study, spec = _study(tmp_path)
+    live = Liveness(0.1, 1.0, 1, True, 0.1)
+    budget = StudyBudget(study, 2, spec.lock_path, live)
+    (stale,) = budget.next_trials(1)
+    stale.suggest_float("x", 0, 1)
+    stale.set_user_attr("resume_from", "/runs/paused-trial-3")
+    time.sleep(1.2)
+    assert fail_stale_trials(study, live, exclude=set()) == [stale.number]
+    _, retry = study.get_trials()
+    assert retry.state == TrialState.WAITING
+    assert retry.user_attrs["resume_from"] == "/runs/paused-trial-3"
+
+
 def _job_cfg(**hpo):
     reporter_path = "hydra_plugins.hydratrain_optuna_sweeper.reporter.reporter_for_job"
     return OmegaConf.create({"hpo": _hpo(reporter=reporter_path, **hpo)})

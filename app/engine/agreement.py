@@ -70,11 +70,23 @@ class Agreement:
         if self.enabled:
             self._agree(step, failed=False, inside=False)
 
-    def join(self, step: int) -> None:
+    def join(self, step: int, error: str = "") -> None:
         """This rank ran out inside its current phase: meet the others at their boundary.
-        Returns when the step may be redone; raises TrainingOOM when it may not."""
-        if self.enabled:
+        Returns when the step may be redone; raises TrainingOOM when it may not, or when the
+        others cannot be met (they wait inside a collective of the phase, FSDP's all-gathers:
+        the agreement's collective fails or times out), so this rank ends as an OOM, not as
+        a distributed error."""
+        if not self.enabled:
+            return
+        try:
             self._agree(step, failed=True, inside=self.phase == "optimizer")
+        except (TrainingOOM, AgreedOOM):
+            raise
+        except RuntimeError as exc:  # torch.distributed's errors (DistError) are RuntimeErrors
+            raise TrainingOOM(
+                f"out of memory on rank {self.rank} inside {self.phase} (step {step}), where "
+                f"the other ranks could not be met ({type(exc).__name__}): {error}"
+            ) from None
 
     def _agree(self, step: int, failed: bool, inside: bool) -> None:
         self.count += 1

@@ -52,7 +52,7 @@ def local_sums(run: Run, step: int) -> torch.Tensor:
         except torch.OutOfMemoryError as exc:
             failed, alone = str(exc).splitlines()[0], not isinstance(exc, AgreedOOM)
         if alone:
-            run.agreement.join(step)  # the other ranks wait at their next boundary
+            run.agreement.join(step, failed)  # the others wait at their next boundary
         release_after_oom(run)
         run.observers.hooks.on_oom(run, step)
         if run.plan.eval_micro > run.plan.micro_batch_size:

@@ -33,7 +33,7 @@ def step_with_recovery(run: Run, batch: Any, step: int) -> StepResult:
             failed, alone = str(exc).splitlines()[0], not isinstance(exc, AgreedOOM)
         # Outside the except block: the traceback no longer pins the failed step's tensors.
         if alone:
-            run.agreement.join(step)  # the other ranks wait at their next boundary
+            run.agreement.join(step, failed)  # the others wait at their next boundary
         release_after_oom(run, batch)
         run.observers.hooks.on_oom(run, step)
         shrink_micro_batch(run, step, failed)
@@ -111,8 +111,15 @@ def shrink_micro_batch(run: Run, step: int, error: str | None) -> None:
 def shrink_eval_micro_batch(run: Run, step: int) -> None:
     """Evaluation ran out with a micro-batch larger than training's: halve it (not below the
     training micro-batch, which is known to fit) and evaluate again. Each rank evaluates on
-    its own, so this is safe under torchrun too."""
+    its own, so this is safe under torchrun too. Raises TrainingOOM when recovery is off (under
+    torchrun no rank agreed then, and one evaluating again alone would meet its peers'
+    collectives out of order)."""
     count_oom(run, step)
+    if not run.cfg.auto_batch.oom_recovery:
+        raise TrainingOOM(
+            f"out of memory in evaluation at micro-batch {run.plan.eval_micro} (step {step}); "
+            "training.auto_batch.oom_recovery is off"
+        )
     smaller = max(run.plan.micro_batch_size, run.plan.eval_micro // 2)
     log.warning(
         "OOM in evaluation at step %d with micro-batch %d: evaluating with %d",

@@ -130,10 +130,15 @@ def finish(tmp: Path, final: Path, small: dict[str, Any]) -> None:
 
     atomic_write(tmp / STATE_FILE, lambda f: torch.save(small, f))
     fsync_dir(tmp)
+    old = final.with_name(f".{final.name}.old")
     if final.exists():  # a checkpoint of this step from an earlier attempt of the run
-        shutil.rmtree(final)
+        # Aside first, then replaced: a kill while the old copy is deleted leaves no half of it
+        # under the checkpoint's name (the next save removes the leftover).
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
     os.replace(tmp, final)
     fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def read_small_state(path: Path) -> dict[str, Any]:
@@ -183,7 +188,8 @@ def read(state: dict[str, Any], path: Path) -> None:
 
 
 def remove_temporaries(directory: Path) -> None:
-    """Temporary directories of sharded writes that a kill interrupted."""
+    """Temporary directories of sharded writes that a kill interrupted (and replaced copies
+    of a step a kill left aside)."""
     if directory.is_dir():
-        for tmp in directory.glob(".step_*.tmp"):
+        for tmp in [*directory.glob(".step_*.tmp"), *directory.glob(".step_*.old")]:
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()

@@ -81,6 +81,7 @@ def plan_fleet_of(sweeper: Any, s: SweepSettings, arguments: list[str]) -> Fleet
     # node's GPUs say nothing about theirs (hpo.devices, when set, pins them all the same).
     visible = visible_gpus() if runs_here(sweeper.config) else []
     plan = plan_fleet(hpo.workers, hpo.devices, hpo.gpus_per_trial, hpo.trials_per_gpu, visible)
+    check_ranked_trials(hpo.gpus_per_trial, s)
     if not plan.is_fleet or fleet_worker():
         return None
     if s.budget.per_run:
@@ -96,3 +97,20 @@ def plan_fleet_of(sweeper: Any, s: SweepSettings, arguments: list[str]) -> Fleet
             "(one node) or a database URL (a cluster)"
         )
     return Fleet(plan, sweeper, list(arguments))
+
+
+def check_ranked_trials(k: int, s: SweepSettings) -> None:
+    """What a trial of k > 1 ranks cannot do, as one line before any trial starts."""
+    if k <= 1:
+        return
+    if not s.storage.persistent:  # rank 0 is a process of its own: it must reach the study
+        raise SweepConfigError(
+            f"hpo.gpus_per_trial={k} needs a study its ranks reach, but hpo.storage keeps it "
+            "in this process's memory; allowed: a journal file (one node) or a database URL"
+        )
+    if s.pruner == "asha":  # a pause is rank 0's alone: its peers would not checkpoint it
+        raise SweepConfigError(
+            f"hpo.pruner=asha with hpo.gpus_per_trial={k}: a trial's ranks do not agree on a "
+            "pause yet; allowed: hpo.gpus_per_trial=1, or hpo.pruner=successive_halving, "
+            "median, hyperband or none"
+        )

@@ -260,8 +260,9 @@ def fail_as_stale(study: optuna.Study, t: FrozenTrial, live: Liveness, error: st
     retry = live.retry_stale > 0 and len(t.system_attrs.get("retry_history", [])) < live.retry_stale
     if not _fail_stale(study, t, error, uncount=retry):
         return False
-    if retry:
-        requeue(study, t)
+    if retry:  # a resumed run (promoted, preempted) resumes again: from where it started
+        resume = t.user_attrs.get("resume_from")
+        requeue(study, t, {"resume_from": resume} if resume else None)
     return True
 
 
