@@ -98,7 +98,7 @@ def run_arm(workers: int, extra: list[str]) -> dict[str, Any]:
 def _by_worker(trials: list[Any]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for t in trials:
-        key = str(t.user_attrs.get("worker"))
+        key = str(t.user_attrs.get("worker", "lone"))  # a lone worker records none
         counts[key] = counts.get(key, 0) + 1
     return counts
 
