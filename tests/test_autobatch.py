@@ -237,6 +237,25 @@ def test_cache_key_holds_what_changes_memory(cache_dir):
     assert key_of(cache_dir, model, "training.effective_batch_size=64") == base
 
 
+def test_cache_key_holds_the_parallelism_and_the_world_size(cache_dir):
+    """What fits a rank depends on how the model is spread (FSDP: 1/world of the state; DDP:
+    its gradient buckets): each layout and world size has its own entry."""
+    from app.engine.distributed import DistInfo
+
+    setup, model, _ = parts(tiny_cfg(cache_dir))
+    layouts = {
+        "one process": DistInfo(),
+        "ddp x2": DistInfo(rank=0, world_size=2, parallelism="ddp"),
+        "ddp x4": DistInfo(rank=0, world_size=4, parallelism="ddp"),
+        "fsdp x2": DistInfo(rank=0, world_size=2, parallelism="fsdp"),
+    }
+    keys = {}
+    for name, dist in layouts.items():
+        setup.machine.dist = dist
+        keys[name] = batch_cache.key_hash(batch_cache.cache_key(setup, model))
+    assert len(set(keys.values())) == len(layouts), keys
+
+
 def test_concurrent_writers_merge_and_never_corrupt(tmp_path):
     path = tmp_path / "c" / "microbatch-x.json"
     key = {"k": 1}
