@@ -32,7 +32,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 def _worker(path: Path, budget_s: float) -> tuple[optuna.Study, StudyBudget]:
     """A worker's view of the shared study: its own Study object and budget."""
     study = optuna.load_study(study_name="c", storage=journal(str(path)))
-    lock = f"{path}.lock"
+    lock = f"{path}.budget.lock"  # the sweeper's (StorageSpec.lock_path); .lock is Optuna's own
     return study, StudyBudget(study, 10, lock, LIVE, cost=CostCap(study, budget_s))
 
 
