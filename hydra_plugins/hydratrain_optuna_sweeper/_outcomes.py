@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ class Outcome:
     attrs: dict[str, Any] = field(default_factory=dict)
     preempted_by: int | None = None  # the signal that stopped the job
     paused_at: int | None = None  # the rung step hpo.pruner=asha paused the job at
+    # An unexpected error's traceback, as text (the exception itself would pin the job's model):
+    # logged when the outcome is recorded, not for a trial another worker failed meanwhile.
+    trace: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -79,8 +83,8 @@ def from_exception(exc: BaseException) -> Outcome:
     if status == Status.PREEMPTED:
         signum = int(getattr(exc, "signum", 0) or signal.SIGTERM)
         return Outcome(TrialState.FAIL, attrs=error_attrs("preempted", exc), preempted_by=signum)
-    log.warning("Trial failed", exc_info=(type(exc), exc, exc.__traceback__))
-    return Outcome(TrialState.FAIL, attrs=error_attrs("error", exc))
+    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return Outcome(TrialState.FAIL, attrs=error_attrs("error", exc), trace=trace)
 
 
 def error_attrs(reason: str, exc: BaseException) -> dict[str, Any]:

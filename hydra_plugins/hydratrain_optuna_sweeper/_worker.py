@@ -197,6 +197,9 @@ class Worker:
                 retrying(lambda: self._record(trial, outcome), f"tell trial {trial.number}")
         except private.TrialFinished:
             self._taken_over(trial)
+        else:
+            if outcome.trace is not None:  # recorded as this worker's: its error is worth reading
+                log.warning("Trial %d failed\n%s", trial.number, outcome.trace.rstrip())
         self.plan.budget.done(trial)
 
     def _record(self, trial: Trial, outcome: Outcome) -> None:
