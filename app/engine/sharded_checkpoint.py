@@ -1,5 +1,6 @@
-"""Sharded checkpoints (training.parallelism=fsdp): `checkpoints/step_XXXXXXXX/`, written by
-every rank with torch.distributed.checkpoint (DCP) and loadable on any number of ranks.
+"""Sharded checkpoints (training.parallelism=fsdp): a directory per step (`checkpoints/
+step_00000300/` for step 300), written by every rank with torch.distributed.checkpoint (DCP)
+and loadable on any number of ranks.
 
 The directory holds DCP's files (each rank's shards, `__<rank>_0.distcp`, and `.metadata`, the
 index) with the model and the optimizer state, tensors only, from
@@ -7,7 +8,7 @@ torch.distributed.checkpoint.state_dict; and `train_state.pt`, the rest of the T
 (step, RNG, schedule, plan, the optimizer's hyperparameters), written by rank 0 with
 torch.save and read with weights_only=True as single-file checkpoints are.
 
-Complete or absent: every rank writes into `.step_XXXXXXXX.tmp/`; when DCP has written the
+Complete or absent: every rank writes into `.step_<step>.tmp/`; when DCP has written the
 index (after all ranks' shards) rank 0 adds train_state.pt, fsyncs and renames the directory
 into place. A crash before the rename leaves the previous checkpoint the latest; the next save
 removes the temporary.
