@@ -115,6 +115,15 @@ def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
+def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
+    """True on every rank when `flag` is True on any (a host sync under DDP; free otherwise)."""
+    if not info.enabled:
+        return flag
+    t = torch.tensor(float(flag), device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside DDP (maybe compiled): a forward with no collectives in it."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -162,12 +171,6 @@ def agree_all(flag: bool, info: DistInfo) -> bool:
     t = host_buffer("agree_all", [int(not flag)])
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=info.host_group)
     return not bool(t.item())
-
-
-def any_rank(flag: bool, info: DistInfo) -> bool:
-    """True on every rank when `flag` is True on any: agree_all's host all-reduce (no device
-    sync, the kept buffer), asked the other way round."""
-    return not agree_all(not flag, info)
 
 
 def shutdown(info: DistInfo) -> None:

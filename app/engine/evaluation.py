@@ -115,7 +115,7 @@ def eval_and_report(run: Run, step: int, summary: Summary) -> dict[str, float]:
     reported.update({m.final: values[m.name] for m in metrics})
     pruned = run.observers.reporter.report(step, reported)  # rank 0's; the others' say no
     # Under torchrun every rank must stop after the same step: rank 0's word reaches them all.
-    if any_rank(pruned, run.dist) and step < run.cfg.max_steps:
+    if any_rank(pruned, run.dist, run.device) and step < run.cfg.max_steps:
         shown = ", ".join(f"{m.name} {values[m.name]:.4f}" for m in metrics)
         raise Pruned(f"pruned at step {step} with validation {shown}")
     return values

@@ -126,7 +126,7 @@ def synchronize(device: torch.device) -> None:
 def stop_requested(run: Run) -> bool:
     """A signal asked this run to stop. Under DDP every rank must stop after the same step,
     so the ranks agree on it: one small all-reduce per step, and only under torchrun."""
-    return any_rank(run.observers.stop.requested, run.dist)
+    return any_rank(run.observers.stop.requested, run.dist, run.device)
 
 
 def stop_here(run: Run, done: int, saved: bool) -> None:
