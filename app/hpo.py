@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.components.hardware.visible import visible_gpus
+from app.config.budget import ReportAxis
 from app.config.compose import one_line
 from app.config.hpo import HpoConfig
-from app.config.jobs import check_job_config, task_of
+from app.config.jobs import check_job_config, report_axis_of, task_of
 from app.core.errors import ConfigError, first_line
 from app.core.outcomes import Paused, Status, status_of
 from app.core.preemption import StopRequest, stop_on_signals
@@ -39,6 +40,7 @@ __all__ = [
     "NullReporter",
     "Objectives",
     "Paused",
+    "ReportAxis",
     "Reporter",
     "Status",
     "StopRequest",
@@ -49,6 +51,7 @@ __all__ = [
     "mask_url_passwords",
     "objectives",
     "one_line",
+    "report_axis_of",
     "status_of",
     "stop_on_signals",
     "task_of",

@@ -11,6 +11,7 @@ from app.components.optim import OPTIMIZERS
 from app.components.schedule import build_scheduler
 from app.components.tasks.causal_lm import CausalLM
 from app.config import TrainingConfig
+from app.config.budget import budget_of
 from app.engine.batch.plan import BatchPlan, fixed_plan, split_sizes
 from app.engine.run import Run
 from app.engine.step import loss_sum, train_step
@@ -66,7 +67,7 @@ def _run(model, micro: int, optimizer_kind: str) -> Run:
         model=model,
         raw_model=model,
         optimizer=optimizer,
-        scheduler=build_scheduler(optimizer, tcfg),
+        scheduler=build_scheduler(optimizer, budget_of(tcfg, None)),
         plan=BatchPlan(effective_batch_size=32, micro_batch_size=micro),
         precision=FP32,
         device=torch.device("cpu"),
@@ -75,6 +76,7 @@ def _run(model, micro: int, optimizer_kind: str) -> Run:
         val_blocks=torch.zeros(1, 17, dtype=torch.long),
         run_dir=None,
         task=CausalLM(),
+        budget=budget_of(tcfg, None),
     )
 
 

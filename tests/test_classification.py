@@ -17,6 +17,7 @@ from app.components.schedule import build_scheduler
 from app.components.tasks.base import TaskData
 from app.components.tasks.classification import SequenceClassification
 from app.config import ModelConfig, TaskConfig, TrainingConfig
+from app.config.budget import budget_of
 from app.engine import checkpoint as ckpt
 from app.engine.batch.plan import BatchPlan
 from app.engine.run import Run
@@ -85,7 +86,7 @@ def _step(
         model=model,
         raw_model=model,
         optimizer=optimizer,
-        scheduler=build_scheduler(optimizer, tcfg),
+        scheduler=build_scheduler(optimizer, budget_of(tcfg, None)),
         plan=BatchPlan(effective_batch_size=32, micro_batch_size=micro),
         precision=FP32,
         device=torch.device("cpu"),
@@ -94,6 +95,7 @@ def _step(
         val_blocks=_rows(4),
         run_dir=None,
         task=task,
+        budget=budget_of(tcfg, None),
     )
     train_step(run, _rows(), step=0)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -11,6 +11,8 @@ from omegaconf import OmegaConf
 
 from app.components.hardware.devices import PRESET_DIR, DeviceInfo, load_presets
 from app.components.models.shape import model_shape
+from app.config.budget import budget_of
+from app.config.training import TrainingConfig
 from app.engine.distributed import DistInfo
 from app.engine.metering import Throughput, Window, log_window
 from app.engine.summary import Summary
@@ -175,6 +177,8 @@ def fake_run(logger: RecordingLogger) -> SimpleNamespace:
         observers=SimpleNamespace(logger=logger),
         facts=SimpleNamespace(flops_per_token=1000, peak_tflops=None),  # CPU: no peak
         dist=DistInfo(),
+        budget=budget_of(TrainingConfig(effective_batch_size=4), None),
+        noise=None,
     )
 
 
@@ -192,6 +196,7 @@ def test_log_window_on_cpu_reports_rss_and_no_mfu() -> None:
     assert row["system/peak_rss_mb"] > 10
     assert row["train/tokens_per_sec"] == pytest.approx(256 / 0.5)
     assert row["train/grad_norm"] == pytest.approx(0.5)
+    assert row["data/samples_seen"] == 8  # 2 steps of 4
     assert summary.final_train_loss == pytest.approx(2.0)
     assert window.steps == 0 and float(window.loss) == 0.0
 

@@ -23,7 +23,7 @@ def worker_main(spec_path: Path) -> int:
 
 def _clock(spec: dict[str, Any], cfg, device) -> StepClock:
     baton = Baton(*spec["baton"]) if spec.get("baton") else None
-    return StepClock(spec["start_time"], spec["warmup"], cfg.training.max_steps, device, baton)
+    return StepClock(spec["start_time"], spec["warmup"], cfg.budget().max_steps, device, baton)
 
 
 def _compose(spec: dict[str, Any]) -> TrainConfig:
@@ -189,7 +189,8 @@ def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
     # Fused is the fastest AdamW on CUDA and, since torch 2.4, on CPU too (see --ablate).
     impl = spec["options"].get("adamw", "fused")
     opt = _adamw(model, cfg, impl)
-    sched = build_scheduler(opt, cfg.training)  # the same warmup + cosine LambdaLR
+    budget = cfg.budget()
+    sched = build_scheduler(opt, budget)  # the same warmup + cosine LambdaLR
     fwd = torch.compile(model) if cfg.model.compile else model
     micro, accum = _batch_plan(cfg)
     amp = (
@@ -202,7 +203,7 @@ def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
     sizes = [micro] * accum
     clock = _clock(spec, cfg, dev)
     model.train()
-    for step in range(cfg.training.max_steps):
+    for step in range(budget.max_steps):
         clock.before_step()
         batch = samples[sample(step)]
         clock.count(*bench.step_work(batch, sizes))
@@ -248,7 +249,7 @@ def work_hf(spec: dict[str, Any]) -> dict[str, Any]:
         output_dir=str(Path(spec["tmp"]) / "hf"),
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accum,
-        max_steps=t.max_steps,
+        max_steps=cfg.budget().max_steps,
         learning_rate=t.lr,
         weight_decay=t.weight_decay,
         adam_beta1=t.betas[0],

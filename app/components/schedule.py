@@ -10,18 +10,25 @@ if TYPE_CHECKING:
 
 
 class ScheduleSettings(Protocol):
-    """What the schedule reads of `training.*` (TrainingConfig has these fields)."""
+    """What the schedule reads: the run's Budget (app/config/budget.py) has these fields."""
 
-    warmup_steps: int
-    schedule: str
-    max_steps: int
-    min_lr_ratio: float
+    @property
+    def warmup_steps(self) -> float: ...  # fractional under a data budget (an uneven batch)
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def max_steps(self) -> int: ...
+    @property
+    def min_lr_ratio(self) -> float: ...
 
 
 def lr_multiplier(step: int, cfg: ScheduleSettings) -> float:
-    """Linear warmup to 1, then cosine/linear decay to min_lr_ratio at max_steps (or constant)."""
+    """Linear warmup to 1, then cosine/linear decay to min_lr_ratio at max_steps (or constant).
+    Step `step` trains at the fraction of the warm-up done at its end: under a data budget the
+    warm-up is a fraction of steps, and the rate is then the same function of the data seen at
+    every batch size."""
     if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
+        return min(1.0, (step + 1) / cfg.warmup_steps)
     if cfg.schedule == "constant":
         return 1.0
     span = max(1, cfg.max_steps - cfg.warmup_steps)

@@ -3,8 +3,11 @@ the app's checks. Re-exported by app/hpo.py, the sweeper's one seam."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from omegaconf import DictConfig, OmegaConf
 
+from app.config.budget import ReportAxis, report_axis
 from app.config.schema import TrainConfig, load_config
 
 
@@ -20,3 +23,16 @@ def check_job_config(cfg: DictConfig) -> None:
     config passes untouched."""
     if OmegaConf.get_type(cfg) is TrainConfig:
         load_config(cfg)
+
+
+def report_axis_of(cfg: Any) -> ReportAxis | None:
+    """Where a training job's trial reports (steps, or the data seen under a data budget) and
+    its budget on that axis: what the pruners place their rungs on. None for another app's
+    config. `cfg`: a composed DictConfig, or the app's typed config."""
+    if isinstance(cfg, DictConfig):
+        if OmegaConf.get_type(cfg) is not TrainConfig:
+            return None
+        cfg = load_config(cfg)
+    if not isinstance(cfg, TrainConfig):
+        return None
+    return report_axis(cfg.training, cfg.tokens_per_sample())

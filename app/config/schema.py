@@ -22,6 +22,7 @@ from app.components.hardware.config import GpuConfig, PrecisionConfig
 from app.components.models.config import ModelConfig
 from app.components.tasks.config import TaskConfig
 from app.components.tracking.config import TrackingConfig
+from app.config.budget import Budget, budget_of, check_budget
 from app.config.hpo import HpoConfig
 from app.config.keys import check_known_keys
 from app.config.training import FaultsConfig, TrainingConfig
@@ -52,7 +53,20 @@ class TrainConfig:
         self._check_fits_task()
         self.data.check()
         self.training.check()
+        check_budget(self.training, self.tokens_per_sample())
         self.tracking.check()
+
+    def tokens_per_sample(self) -> int | None:
+        """Every sample's tokens where the task packs them into blocks of one length (a budget
+        in tokens is then a number of samples); None where samples vary in length."""
+        from app.components.tasks import TASKS
+
+        task = TASKS.get(self.task.name)
+        return task(self.task).sequence_length(self.data) if task.packed else None
+
+    def budget(self) -> Budget:
+        """The run's steps, schedule and learning rate at its effective batch."""
+        return budget_of(self.training, self.tokens_per_sample())
 
     def _check_preset_precision(self) -> None:
         """bf16/TF32 asked of a CUDA preset that lacks it: caught without touching a device."""

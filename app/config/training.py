@@ -15,6 +15,7 @@ from app.core.fields import auto_or_count, bounded, count, fraction, one_of, pos
 SCHEDULES = ("cosine", "linear", "constant")
 FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
 PARALLELISMS = ("ddp", "fsdp")
+LR_SCALINGS = ("none", "sqrt", "linear")  # app/config/budget.py applies them
 
 
 def _optimizers() -> tuple[str, ...]:
@@ -64,7 +65,20 @@ class TrainingConfig:
     effective_batch_size: int = positive_int(32)  # samples per optimizer step, all ranks
     # auto (probed on the device, cached per shape) | an int that fixes it
     micro_batch_size: Any = "auto"
-    max_steps: int = positive_int(300)
+    # The run's budget, one of three (app/config/budget.py): optimizer steps (null: 300 when
+    # neither data budget is set), samples, or tokens (tasks of packed blocks). Under a data
+    # budget the steps follow from the effective batch, and the step counts below are steps of
+    # reference_batch, so runs of any batch warm up, evaluate and checkpoint at equal data.
+    max_steps: int | None = positive_int(None, nullable=True)
+    max_samples: int | None = positive_int(None, nullable=True)
+    max_tokens: int | None = positive_int(None, nullable=True)
+    # The batch that training.lr and the step counts of a data budget are written for.
+    reference_batch: int = positive_int(32)
+    # none | sqrt | linear: training.lr is the LR at reference_batch, scaled to the run's batch.
+    lr_scaling: str = one_of("none", LR_SCALINGS)
+    # Estimate the gradient noise scale B_simple (McCandlish et al. 2018), which predicts the
+    # critical batch size, from the gradients each step already has (app/engine/noise_scale.py).
+    noise_scale: bool = False
     # An optimizer of app/components/optim/ (adamw, lion, adafactor) and its own settings, a
     # mapping of the fields of that optimizer's Args (e.g. {beta2_decay: -0.8} for adafactor).
     optimizer: str = one_of("adamw", _optimizers)
@@ -125,11 +139,22 @@ class TrainingConfig:
                 f"training.optimizer={self.optimizer} cannot step the sharded parameters of "
                 f"training.parallelism=fsdp; allowed with fsdp: {able}"
             )
-        p = self.profiler
-        if p.steps and p.start_step >= self.max_steps:
+        if self.noise_scale and self.parallelism == "fsdp":
             raise ConfigError(
-                f"training.profiler.start_step={p.start_step} is not a step of this run "
-                f"(training.max_steps={self.max_steps}); allowed: 0..{self.max_steps - 1}"
+                "training.noise_scale=true needs each rank's local gradient, which "
+                "training.parallelism=fsdp shards as it reduces; allowed with fsdp: false"
+            )
+        fixed = self.fixed_micro_batch
+        if self.noise_scale and self.effective_batch_size < 2:
+            raise ConfigError(
+                "training.noise_scale=true compares two batch sizes, but "
+                "training.effective_batch_size=1 cannot be split; allowed: an effective batch >= 2"
+            )
+        if self.noise_scale and fixed is not None and fixed >= self.effective_batch_size:
+            raise ConfigError(
+                f"training.noise_scale=true compares one micro-batch's gradient with the whole "
+                f"step's, but training.micro_batch_size={fixed} is the whole effective batch; "
+                f"allowed: 1..{self.effective_batch_size // 2} (or auto)"
             )
 
     def _check_batch(self) -> None:

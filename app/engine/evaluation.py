@@ -97,7 +97,9 @@ def eval_sums(run: Run, x: Any, y: torch.Tensor, model: torch.nn.Module) -> torc
 
 def eval_and_report(run: Run, step: int, summary: Summary) -> dict[str, float]:
     """Evaluate, log, record in the summary, report to the trial; raises Diverged, or Pruned
-    when the trial's pruner says so (never at the last step: that is the trial's result)."""
+    when the trial's pruner says so (never at the last step: that is the trial's result). The
+    trial hears the budget's mark for this step (app/config/budget.py): the step itself, or
+    under a data budget the data seen, the same for trials of every batch size."""
     started = time.perf_counter()
     values = evaluate_metrics(run, step)
     if empties_cache_after_eval(run):
@@ -110,12 +112,14 @@ def eval_and_report(run: Run, step: int, summary: Summary) -> dict[str, float]:
     metrics = run.task.metrics
     summary.final_val = {m.name: values[m.name] for m in metrics}
     if run.observers.logger is not None:
-        run.observers.logger.log(step, {f"val/{name}": value for name, value in values.items()})
+        logged = {f"val/{name}": value for name, value in values.items()}
+        run.observers.logger.log(step, {**logged, **run.budget.data_seen(step)})
     reported = {m.reported: values[m.name] for m in metrics}
     reported.update({m.final: values[m.name] for m in metrics})
-    pruned = run.observers.reporter.report(step, reported)  # rank 0's; the others' say no
+    mark = run.budget.mark(step)
+    pruned = run.observers.reporter.report(mark, reported)  # rank 0's; the others' say no
     # Under torchrun every rank must stop after the same step: rank 0's word reaches them all.
-    if any_rank(pruned, run.dist, run.device) and step < run.cfg.max_steps:
+    if any_rank(pruned, run.dist, run.device) and step < run.budget.max_steps:
         shown = ", ".join(f"{m.name} {values[m.name]:.4f}" for m in metrics)
         raise Pruned(f"pruned at step {step} with validation {shown}")
     return values

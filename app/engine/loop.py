@@ -24,9 +24,9 @@ from app.engine.summary import Summary
 
 
 def train(run: Run, summary: Summary | None = None) -> Summary:
-    """Run to max_steps; return the summary (`summary`, filled as the run goes: it holds the
-    progress of a run ended early by Pruned, Paused, Diverged, TrainingOOM or Preempted)."""
-    cfg, last = run.cfg, run.cfg.max_steps
+    """Run to the budget's last step (logs, evaluations, checkpoints where it places them);
+    return the summary, which holds the progress of a run ended early by an outcome."""
+    cfg, budget, last = run.cfg, run.budget, run.budget.max_steps
     summary = Summary() if summary is None else summary
     start_summary(run, summary)
     if run.start_step == 0 and cfg.eval_at_start:
@@ -35,7 +35,7 @@ def train(run: Run, summary: Summary | None = None) -> Summary:
     meter = Throughput(run.device)
     window = Window(torch.zeros((), device=run.device))
     profiler = StepProfiler(
-        cfg.profiler, run.run_dir, run.device, last, run.dist.rank, resumed_at=run.start_step
+        budget.profiler, run.run_dir, run.device, last, run.dist.rank, resumed_at=run.start_step
     )
     bar = _progress(run)
     try:
@@ -50,13 +50,13 @@ def train(run: Run, summary: Summary | None = None) -> Summary:
                 meter.mark_step()  # a CUDA event (no sync) or a clock reading, read at log points
             run.observers.hooks.on_step_end(run, step)
             done = step + 1
-            if done % cfg.log_every == 0 or done == last:
+            if budget.logs(done):
                 log_window(run, done, window, meter, summary, bar)
-            summary.steps = done  # before the evaluation: a trial pruned there trained `done`
-            if evaluates_at(done, cfg.eval_every, last):
+            record_progress(run, done, summary)  # before the evaluation: a pruned trial's
+            if budget.evaluates(done):
                 with meter.pause():
                     evaluate_or_pause(run, done, summary)
-            saved = done == last or bool(cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
+            saved = budget.checkpoints(done)
             if saved:
                 with meter.pause():
                     save(run, done)
@@ -79,7 +79,7 @@ def start_summary(run: Run, summary: Summary) -> None:
     """Every metric's initial and final value unknown, no step done, no window closed."""
     summary.initial_val = {m.name: None for m in run.task.metrics}
     summary.final_val = {m.name: None for m in run.task.metrics}
-    summary.steps = run.start_step
+    record_progress(run, run.start_step, summary)
     summary.tokens_per_sec, summary.train_time_s = None, 0.0
 
 
@@ -93,14 +93,12 @@ def evaluate_or_pause(run: Run, done: int, summary: Summary) -> None:
         raise
 
 
-def evaluates_at(done: int, every: int, last: int) -> bool:
-    """Evaluation after optimizer step `done`: every `every` steps, and at the last."""
-    return done % every == 0 or done == last
-
-
-def evaluations_after(start: int, every: int, last: int) -> int:
-    """How many of steps start+1 .. last evaluate (evaluates_at), counted without a pass."""
-    return last // every - start // every + (last % every != 0) if start < last else 0
+def record_progress(run: Run, done: int, summary: Summary) -> None:
+    """The steps done and the data seen, all ranks together: samples, and tokens where every
+    sample is a block of one length."""
+    summary.steps = done
+    summary.samples_seen = run.budget.samples_seen(done)
+    summary.tokens_seen = run.budget.tokens_seen(done)
 
 
 def profiled_step(
@@ -135,7 +133,7 @@ def stop_here(run: Run, done: int, saved: bool) -> None:
     stop = run.observers.stop
     signal = stop.name if stop.requested else "a stop on another rank"
     raise Preempted(
-        f"{signal}: stopped after step {done} of {run.cfg.max_steps} with a checkpoint; "
+        f"{signal}: stopped after step {done} of {run.budget.max_steps} with a checkpoint; "
         "training.resume=auto (same run dir) or training.resume=<run dir> continues exactly",
         signum=stop.signum or 15,
         step=done,
@@ -148,7 +146,7 @@ def _progress(run: Run) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(
-        total=run.cfg.max_steps,
+        total=run.budget.max_steps,
         initial=run.start_step,
         desc="train",
         unit="step",

@@ -154,6 +154,10 @@ def log_window(
         "train/micro_batch_size": float(run.plan.micro_batch_size),
         "train/grad_accum_steps": float(run.plan.grad_accum_steps),
     }
+    metrics.update(run.budget.data_seen(done))
+    if run.noise is not None:  # the host sync is the window's own, just above
+        summary.noise_scale = run.noise.value()
+        metrics["train/noise_scale"] = summary.noise_scale
     tok_s = throughput_figures(run, window, meter, metrics)
     if run.device.type == "cuda":
         metrics.update(cuda_memory_metrics(run.device))

@@ -12,7 +12,6 @@ from app.config.schema import TrainConfig
 from app.engine.batch.plan import BatchPlan
 from app.engine.batch.probe import describe as describe_choice
 from app.engine.batch.probe import plan_scalars
-from app.engine.loop import evaluations_after
 from app.engine.rank_memory import expected_state_bytes, memory_line, whole_model_bytes
 from app.engine.run import Machine, Run
 from app.engine.summary import Summary
@@ -41,8 +40,29 @@ def describe_run(summary: Summary, run: Run, machine: Machine, config: TrainConf
     summary.flops_per_token = run.facts.flops_per_token
     summary.peak_tflops = run.facts.peak_tflops
     summary.resumed_from_step = run.start_step
+    record_budget(summary, run, config)
     summary.warnings = machine.warnings
     summary.task_fields = run.task.summary_fields()
+
+
+def record_budget(summary: Summary, run: Run, config: TrainConfig) -> None:
+    b, t = run.budget, config.training
+    summary.budget_setting, summary.budget, summary.budget_unit = b.setting, b.total, b.unit
+    summary.max_steps, summary.warmup_steps = b.max_steps, b.warmup_steps
+    summary.lr, summary.lr_scaling, summary.lr_reference_batch = b.lr, t.lr_scaling, None
+    if t.lr_scaling != "none" or b.unit != "steps":
+        summary.lr_reference_batch = t.reference_batch
+
+
+def lr_line(run: Run, config: TrainConfig) -> str:
+    t, b = config.training, run.budget
+    if t.lr_scaling == "none":
+        return f"lr         {b.lr:g} ({t.schedule}, warm-up {b.warmup_steps:.3g} steps)"
+    return (
+        f"lr         {b.lr:.4g} = training.lr {t.lr:g} x {b.lr_factor:.4g} ({t.lr_scaling} of "
+        f"batch {run.plan.effective_batch_size} / reference {t.reference_batch}; {t.schedule}, "
+        f"warm-up {b.warmup_steps:.3g} steps)"
+    )
 
 
 def record_plan(summary: Summary, plan: BatchPlan) -> None:
@@ -81,8 +101,10 @@ def print_banner(summary: Summary, run: Run, machine: Machine, config: TrainConf
         *([f"autobatch  {how}"] if (how := describe_choice(run.plan)) else []),
         f"{step}, {summary.num_params:,} parameters",
         memory_line(summary.model_state_bytes, whole_model_bytes(run.raw_model), run.dist),
+        f"budget     {run.budget.describe(run.plan.effective_batch_size)}",
+        lr_line(run, config),
         eval_line(run),
-        f"steps      {run.start_step} -> {run.cfg.max_steps}; run dir {run.run_dir}",
+        f"steps      {run.start_step} -> {run.budget.max_steps}; run dir {run.run_dir}",
     ]
     lines += [f"warning    {w}" for w in machine.warnings]
     print("\n".join(lines), flush=True)
@@ -94,12 +116,12 @@ def print_banner(summary: Summary, run: Run, machine: Machine, config: TrainConf
 
 
 def eval_line(run: Run) -> str:
-    t = run.cfg
-    count = evaluations_after(run.start_step, t.eval_every, t.max_steps)
+    t, b = run.cfg, run.budget
+    count = b.evaluations_after(run.start_step)
     count += int(run.start_step == 0 and t.eval_at_start)
     return (
         f"eval       {len(run.val_blocks):,} samples x {count} evaluations (every "
-        f"{t.eval_every} steps), micro-batch {run.plan.eval_micro}, no gradients"
+        f"{b.eval_every:,} {b.unit}), micro-batch {run.plan.eval_micro}, no gradients"
     )
 
 

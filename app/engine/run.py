@@ -15,12 +15,14 @@ from app.components.hardware.config import GpuConfig
 from app.components.hardware.devices import DeviceInfo
 from app.components.hardware.precision import PrecisionPlan
 from app.components.tasks.base import Task
+from app.config.budget import Budget
 from app.config.training import TrainingConfig
 from app.core.preemption import StopRequest
 from app.engine.agreement import Agreement
 from app.engine.batch.faults import FaultInjector
 from app.engine.batch.plan import BatchPlan
 from app.engine.distributed import DistInfo
+from app.engine.noise_scale import NoiseScale
 from app.hpo import NullReporter, Reporter
 
 if TYPE_CHECKING:
@@ -101,6 +103,7 @@ class Run:
     val_blocks: Any  # validation samples: packed blocks (causal LM) or padded rows
     run_dir: Path
     task: Task
+    budget: Budget  # its steps, schedule and learning rate at its effective batch
     scaler: torch.amp.GradScaler | None = None
     faults: FaultInjector = field(default_factory=FaultInjector)
     dist: DistInfo = field(default_factory=DistInfo)
@@ -108,3 +111,4 @@ class Run:
     observers: Observers = field(default_factory=Observers)
     facts: ModelFacts = field(default_factory=ModelFacts)
     agreement: Agreement = field(default_factory=Agreement)  # ranks agreeing on OOMs
+    noise: NoiseScale | None = None  # training.noise_scale: the gradient noise scale

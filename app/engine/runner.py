@@ -3,6 +3,7 @@ plan, loop, summary. Called by the Hydra entrypoint with the typed config and th
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import time
@@ -36,6 +37,7 @@ from app.engine.batch.probe import auto_plan, oom_listener
 from app.engine.distributed import DistInfo, init_distributed, shared_run_dir, shutdown
 from app.engine.fsdp import full_state_dict
 from app.engine.loop import train
+from app.engine.noise_scale import NoiseScale, check_plan
 from app.engine.parallel import agreement, forward_model, place
 from app.engine.rank_memory import record_ranks
 from app.engine.report import (
@@ -185,7 +187,9 @@ def build_run(
     model = place(whole, config, machine)
     setup = probe_setup(config, machine, task)
     plan = choose_plan(setup, model, data)
-    optimizer = OPTIMIZERS.get(config.training.optimizer).create(model, config.training)
+    budget = config.budget()
+    at_batch = dataclasses.replace(config.training, lr=budget.lr)  # lr_scaling applied
+    optimizer = OPTIMIZERS.get(config.training.optimizer).create(model, at_batch)
     start_step = int(state.step) if state is not None else 0
     if config.training.fixed_micro_batch is None and dist.is_main:
         observers.on_plan_change = oom_listener(setup, model)
@@ -193,15 +197,16 @@ def build_run(
         model=forward_model(model, config, machine),
         raw_model=model,
         optimizer=optimizer,
-        scheduler=build_scheduler(optimizer, config.training),
+        scheduler=build_scheduler(optimizer, budget),
         plan=plan,
         precision=machine.precision,
         device=tdev,
         cfg=config.training,
-        steps=iter(step_loader(config, machine, data, plan, start_step)),
+        steps=iter(step_loader(config, machine, data, plan, start_step, budget.max_steps)),
         val_blocks=data.val[: config.training.eval_samples],
         run_dir=run_dir,
         task=task,
+        budget=budget,
         scaler=torch.amp.GradScaler(tdev.type) if machine.precision.use_grad_scaler else None,
         faults=FaultInjector(config.faults, dist.rank),
         dist=dist,
@@ -209,12 +214,20 @@ def build_run(
         observers=observers,
         facts=facts,
         agreement=agreement(config, dist),
+        noise=noise_scale(config, plan, tdev),
     )
     if state is not None:
         resume(run, state)
     if dist.is_main:  # last: a run refused above has written nothing
         start_logging(run, config, machine)
     return run
+
+
+def noise_scale(config: TrainConfig, plan: BatchPlan, device: torch.device) -> NoiseScale | None:
+    if not config.training.noise_scale:
+        return None
+    check_plan(plan.grad_accum_steps, plan.micro_batch_size, plan.effective_batch_size)
+    return NoiseScale(plan.effective_batch_size, device)
 
 
 def resume(run: Run, state: ckpt.TrainState) -> None:
@@ -288,7 +301,12 @@ def choose_plan(setup: ProbeSetup, model: torch.nn.Module, data: TaskData) -> Ba
 
 
 def step_loader(
-    config: TrainConfig, machine: Machine, data: TaskData, plan: BatchPlan, start_step: int
+    config: TrainConfig,
+    machine: Machine,
+    data: TaskData,
+    plan: BatchPlan,
+    start_step: int,
+    max_steps: int,
 ) -> Iterable[Any]:
     from app.components.data.loader import StepDataset, make_step_loader, resolve_num_workers
 
@@ -306,7 +324,7 @@ def step_loader(
     return make_step_loader(
         dataset,
         start_step,
-        config.training.max_steps - start_step,
+        max_steps - start_step,
         num_workers=resolve_num_workers(d.num_workers, machine.preset.dataloader_workers),
         pin_memory=on_cuda if d.pin_memory is None else bool(d.pin_memory and on_cuda),
         persistent_workers=d.persistent_workers,

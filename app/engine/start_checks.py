@@ -185,10 +185,12 @@ def resume_checkpoint(config: TrainConfig, run_dir: Path) -> Path | None:
         return None
     state = ckpt.load_checkpoint(found, mmap=True)
     check_resume_matches(config, found, saved_run_config(found, state.config))
-    if int(state.step) >= t.max_steps:
+    budget = config.budget()
+    if int(state.step) >= budget.max_steps:
+        steps = "" if budget.unit == "steps" else f", {budget.max_steps} steps"
         raise AlreadyComplete(
-            f"{found} is at step {int(state.step)} of training.max_steps={t.max_steps}: the run "
-            "is complete, nothing to do (raise training.max_steps to train further)"
+            f"{found} is at step {int(state.step)} of {budget.setting}={budget.total}{steps}: "
+            f"the run is complete, nothing to do (raise {budget.setting} to train further)"
         )
     return found
 

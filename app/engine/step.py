@@ -13,6 +13,7 @@ import torch
 from app.components.hardware.precision import autocast
 from app.components.tasks.base import move
 from app.engine.distributed import global_sum, no_sync
+from app.engine.noise_scale import sq_grad_norm
 from app.engine.rank_memory import measure_state_bytes
 from app.engine.run import Run
 
@@ -45,11 +46,26 @@ def train_step(run: Run, batch: Any, step: int) -> StepResult:
     total = torch.zeros((), device=run.device)
     for i, (x, y) in enumerate(parts):
         padding = i >= len(parts) - plan.padding
-        part = micro_step(run, x, y, 0.0 if padding else scale, i == len(parts) - 1, step)
+        last = i == len(parts) - 1
+        part = micro_step(run, x, y, 0.0 if padding else scale, last, step)
         if not padding:
             total += part
+        if i == 0 and not last and run.noise is not None:
+            record_small_gradient(run, run.task.units(y), len(y), scale)
     grad_norm = optimizer_step(run, step)
+    if run.noise is not None:
+        run.noise.step(grad_norm)
     return StepResult(total, units, grad_norm, run.task.tokens(x_all))
+
+
+def record_small_gradient(run: Run, units: int, samples: int, scale: Any) -> None:
+    """The first micro-batch's mean gradient, for the noise scale: what backward left in the
+    gradients is loss_scale x scale x (its summed loss's gradient), and its mean is over its own
+    `units`. Not yet reduced across ranks (DDP reduces on the step's last micro-batch)."""
+    assert run.noise is not None
+    loss_scale = run.scaler.get_scale() if run.scaler else 1.0  # fp16 only: a host sync
+    sq = sq_grad_norm(list(run.raw_model.parameters()))
+    run.noise.small(sq / (loss_scale * scale * units) ** 2, samples)
 
 
 def micro_step(run: Run, x: Any, y: torch.Tensor, scale: Any, sync: bool, step: int) -> Any:

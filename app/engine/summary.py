@@ -50,8 +50,19 @@ class Summary:
     batch_source: str | None = None
     batch_details: dict[str, Any] = field(default_factory=dict)
     task_fields: dict[str, Any] = field(default_factory=dict)  # the task's own (label names)
+    # The budget (app/config/budget.py): where the steps came from, and the learning rate
+    budget_setting: str | None = None  # training.max_steps | max_samples | max_tokens
+    budget: int | None = None  # in budget_unit
+    budget_unit: str | None = None  # steps | samples | tokens: the study's report axis
+    max_steps: int | None = None  # derived from a data budget and the effective batch
+    warmup_steps: float | None = None  # fractional where the warm-up's data is uneven
+    lr: float | None = None  # training.lr scaled by lr_scaling for this batch
+    lr_scaling: str | None = None
+    lr_reference_batch: int | None = None
     # Progress and results
     steps: int = 0
+    samples_seen: int = 0  # all ranks together
+    tokens_seen: int | None = field(default=None, metadata=OPTIONAL)  # packed samples only
     initial_val: dict[str, float | None] = field(default_factory=dict)  # by metric name
     final_val: dict[str, float | None] = field(default_factory=dict)
     final_train_loss: float | None = field(default=None, metadata=OPTIONAL)
@@ -71,6 +82,9 @@ class Summary:
     peak_memory_bytes_per_rank: list[int] | None = field(default=None, metadata=OPTIONAL)
     oom_count: int = 0
     mfu: float | None = field(default=None, metadata=OPTIONAL)
+    # training.noise_scale: the smoothed gradient noise scale B_simple in samples at the last
+    # log point, the critical batch size it predicts (McCandlish et al. 2018)
+    noise_scale: float | None = field(default=None, metadata=OPTIONAL)
     wall_time_s: float | None = None
     # What the run cost: (train_time_s + eval_time_s) x world_size; hpo.budget_s sums it
     device_seconds: float | None = None

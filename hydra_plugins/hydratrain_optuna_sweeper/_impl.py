@@ -116,12 +116,13 @@ class OptunaSweeperImpl(Sweeper):
         if not fleet_worker():  # the fleet's parent wrote it
             self._write_multirun_yaml(sweep_dir)
         log.info(
-            "Study %s in %s: %s, sampler %s, pruner %s",
+            "Study %s in %s: %s, sampler %s, pruner %s%s",
             study.study_name,
             self.mask(s.storage.text),
             _budget_text(s),
             type(sampler).__name__,
             type(judged_by if judge.companion is not None else pruner).__name__,
+            _axis_text(schedule),
         )
         return Plan(
             settings=s,
@@ -239,3 +240,10 @@ def _signal_name(status: int) -> str:
         return signal.Signals(status - 128).name
     except ValueError:
         return f"status {status}"
+
+
+def _axis_text(schedule: EvalSchedule | None) -> str:
+    """Where trials report, so a user knows which unit the pruner's rungs are in."""
+    if schedule is None:
+        return ""
+    return f"; trials report every {schedule.every:,} {schedule.unit} up to {schedule.last:,}"

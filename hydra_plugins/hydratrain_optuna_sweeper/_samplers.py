@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 from omegaconf import DictConfig, OmegaConf
 
-from app.hpo import HpoConfig
+from app.hpo import HpoConfig, report_axis_of
 
 from ._errors import SweepConfigError, first_line
 from .config import MOTPE_REMOVED, SAMPLERS
@@ -30,17 +30,25 @@ ONLY_WITH = {"inc_popsize": "restart_strategy"}
 
 @dataclasses.dataclass(frozen=True)
 class EvalSchedule:
-    """When a trial reports: at step 0 (the untrained model), every `every` optimizer steps,
-    and at `last` (training.max_steps). The pruners' defaults are set from it."""
+    """When a trial reports: at 0 (the untrained model), every `every` units of its report
+    axis, and at `last` (its budget). The axis is optimizer steps, or under a data budget
+    (training.max_samples, max_tokens) the data seen, so that trials of every batch size are
+    judged at equal data. The pruners' defaults are set from it."""
 
     every: int
     last: int
+    unit: str = "steps"
 
     @classmethod
     def of(cls, cfg: Any) -> EvalSchedule | None:
         """From a trial's config (composed, or typed by the app); None where it has no
         training node."""
-        t = getattr(cfg, "training", None) if cfg is not None else None
+        if cfg is None:
+            return None
+        axis = report_axis_of(cfg)
+        if axis is not None:
+            return cls(axis.every, axis.last, axis.unit)
+        t = getattr(cfg, "training", None)  # another app's: steps
         every, last = getattr(t, "eval_every", None), getattr(t, "max_steps", None)
         if every is None or last is None:
             return None

@@ -68,6 +68,9 @@ class Task(abc.ABC):
     byte_vocab: ClassVar[int]  # ids the byte tokenizer makes for it (special tokens added)
     builtin_corpus: ClassVar[str]  # what data.source=builtin gives it
     builtin_columns: ClassVar[tuple[str, ...] | None] = None  # that corpus's columns, if rows
+    # Every sample is a block of sequence_length tokens (a budget in tokens is exact); padded
+    # samples vary in length.
+    packed: ClassVar[bool] = False
 
     def __init__(self, cfg: TaskConfig | None = None) -> None:
         self.cfg = cfg

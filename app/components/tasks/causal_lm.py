@@ -31,6 +31,7 @@ IGNORE = -100
 class CausalLM(Task):
     name = "causal_lm"
     unit = "target token"
+    packed = True
     metrics = (Metric("loss", "minimize"),)
     sequence_setting = "seq_len"
     model_noun = "a causal LM"

@@ -11,6 +11,11 @@ import yaml
 
 from app.components.tracking.base import Sink
 
+SAMPLES_SEEN = "data/samples_seen"
+# Charted a second time against the samples seen (TensorBoard's x axis is the step): runs of
+# different batch sizes line up at equal data there.
+BY_DATA = ("val/", "train/loss")
+
 
 class TensorBoardSink(Sink):
     name = "tensorboard"
@@ -23,6 +28,12 @@ class TensorBoardSink(Sink):
     def scalars(self, step: int, values: dict[str, float]) -> None:
         for key, value in values.items():
             self._writer.add_scalar(key, value, step)
+        seen = values.get(SAMPLES_SEEN)
+        if seen is None:
+            return
+        for key, value in values.items():
+            if key.startswith(BY_DATA):
+                self._writer.add_scalar(f"by_samples/{key}", value, int(seen))
 
     def text(self, tag: str, text: str) -> None:
         self._writer.add_text(tag, text, 0)

@@ -67,6 +67,8 @@ def auto_plan(
     per_rank = math.ceil(t.effective_batch_size / dist.world_size)
     cap = ab.cpu_max_micro_batch if device.type == "cpu" else ab.max_micro_batch
     upper = max(1, min(per_rank, cap))
+    if t.noise_scale:  # its estimate compares two micro-batch sizes: at least two per step
+        upper = max(1, min(upper, per_rank // 2))
     limit = memory_limit(device, setup.machine.preset, ab)
     key = cache_key(setup, model)
     path = cache_path(setup.cache_dir, key) if setup.cache_dir is not None else None

@@ -1,0 +1,239 @@
+"""How long a run trains, when it warms up, logs, evaluates and checkpoints, and the learning
+rate it trains at: the `training` settings resolved for the run's effective batch, once.
+
+A run's budget is in optimizer steps (`training.max_steps`, 300 when no budget is set) or in
+data (`training.max_samples`, or `training.max_tokens` for a task whose samples are packed
+blocks). Two runs of different effective batches compare fairly only at equal data (Shallue et
+al. 2018; McCandlish et al. 2018): at equal steps the larger batch has simply seen more. So under
+a data budget every count of the schedule is data too. The step counts a config writes
+(`warmup_steps`, `eval_every`, `log_every`, `checkpoint_every`, the profiler window) are read as
+steps of `training.reference_batch`: `eval_every=25` with reference batch 32 is an evaluation
+every 800 samples, i.e. every 100 steps at batch 8 and every 12.5 (the step that crosses the
+mark: 13) at batch 64. A run evaluates at the first step at or past each mark and reports the
+mark itself to its trial, so every trial of a study is judged at the same data seen. Without a
+data budget the counts are steps, as written.
+
+`training.lr_scaling` (none | sqrt | linear) reads `training.lr` as the learning rate at the
+reference batch and scales it to the run's effective batch (linear: Goyal et al. 2017, for SGD;
+sqrt: Malladi et al. 2022, for Adam-type optimizers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from app.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from app.config.training import ProfilerConfig, TrainingConfig
+
+DEFAULT_MAX_STEPS = 300  # training.max_steps when no budget is set
+UNITS = ("steps", "samples", "tokens")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One run's schedule at its effective batch. `unit` is what the budget and the report axis
+    count (steps, samples or tokens); `per_step` how many of them one optimizer step is."""
+
+    unit: str
+    batch: int  # the effective batch: samples per optimizer step, all ranks
+    setting: str  # the setting the budget came from: training.max_steps | max_samples | ...
+    total: int  # the budget, in `unit`
+    per_step: int
+    max_steps: int
+    warmup_steps: float  # a fraction of steps where the warm-up's data is not whole batches
+    eval_every: int  # intervals in `unit`; 0: never (checkpoints only at the end)
+    log_every: int
+    checkpoint_every: int
+    profiler: ProfilerConfig  # its window in steps of this run
+    lr: float  # training.lr scaled to this batch
+    lr_factor: float  # lr / training.lr
+    tokens_per_sample: int | None = None  # packed blocks: every sample's tokens
+    # What the LR schedule reads besides the steps (app/components/schedule.py)
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
+
+    # -- where a step falls ---------------------------------------------------------------------
+
+    def seen(self, done: int) -> int:
+        """Data (in `unit`) seen after `done` optimizer steps."""
+        return done * self.per_step
+
+    def samples_seen(self, done: int) -> int:
+        return done * self.batch
+
+    def tokens_seen(self, done: int) -> int | None:
+        """None where samples vary in length (padded)."""
+        return done * self.batch * self.tokens_per_sample if self.tokens_per_sample else None
+
+    def data_seen(self, done: int) -> dict[str, float]:
+        """The data seen after `done` steps as logged metrics: the axis on which runs of
+        different batch sizes compare."""
+        out = {"data/samples_seen": float(self.samples_seen(done))}
+        if (tokens := self.tokens_seen(done)) is not None:
+            out["data/tokens_seen"] = float(tokens)
+        return out
+
+    def due(self, done: int, every: int) -> bool:
+        """Step `done` is the first at or past a multiple of `every` (in `unit`): in steps,
+        `done % every == 0`; in data, the step that crosses each mark."""
+        if every <= 0 or done <= 0:
+            return False
+        return self.seen(done) // every > self.seen(done - 1) // every
+
+    def evaluates(self, done: int) -> bool:
+        return self.due(done, self.eval_every) or done == self.max_steps
+
+    def logs(self, done: int) -> bool:
+        return self.due(done, self.log_every) or done == self.max_steps
+
+    def checkpoints(self, done: int) -> bool:
+        return self.due(done, self.checkpoint_every) or done == self.max_steps
+
+    def mark(self, done: int) -> int:
+        """Where step `done` reports on the study's axis: the mark it crossed (the same for
+        every batch size), the budget itself at the last step."""
+        if done >= self.max_steps:
+            return self.total
+        if self.unit == "steps":
+            return done
+        return self.seen(done) // self.eval_every * self.eval_every
+
+    def evaluations_after(self, start: int) -> int:
+        """How many of steps start+1 .. max_steps evaluate, counted without a pass."""
+        last = self.max_steps
+        if start >= last:
+            return 0
+        every = self.eval_every
+        crossed = self.seen(last) // every - self.seen(start) // every
+        return crossed + (0 if self.due(last, every) else 1)
+
+    # -- what the banner and summary.json say ---------------------------------------------------
+
+    def describe(self, effective_batch: int) -> str:
+        """The banner's line: where the steps came from."""
+        if self.unit == "steps":
+            return f"{self.max_steps:,} steps ({self.setting}) of {effective_batch} samples"
+        seen = self.seen(self.max_steps)
+        over = f", {seen:,} {self.unit} seen" if seen != self.total else ""
+        warmup = round(self.warmup_steps * self.per_step)
+        return (
+            f"{self.total:,} {self.unit} ({self.setting}) = {self.max_steps:,} steps of "
+            f"{self.per_step:,} {self.unit}{over}; warm-up {warmup:,} {self.unit} "
+            f"({self.warmup_steps:.3g} steps), evaluation every {self.eval_every:,} {self.unit}"
+        )
+
+
+@dataclass(frozen=True)
+class ReportAxis:
+    """Where a study's trials report: every `every` units up to `last` (the budget), in `unit`.
+    The same for every trial of a study under a data budget; pruners place their rungs on it."""
+
+    unit: str
+    every: int
+    last: int
+
+
+def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> Budget:
+    """`t` resolved for its effective batch. `tokens_per_sample`: the exact tokens of every
+    sample (packed blocks), None where samples vary in length (max_tokens is refused)."""
+    setting, unit, total = _budget_setting(t, tokens_per_sample)
+    batch, ref = t.effective_batch_size, t.reference_batch
+    tokens = tokens_per_sample or 0  # checked above: set wherever the unit is tokens
+    per_step = {"steps": 1, "samples": batch, "tokens": batch * tokens}[unit]
+    max_steps = math.ceil(total / per_step)
+
+    def interval(steps: int) -> int:
+        """A count of reference steps as an interval in `unit`."""
+        if unit == "steps":
+            return steps
+        return steps * ref * (tokens if unit == "tokens" else 1)
+
+    def steps_here(steps: int) -> int:
+        """A count of reference steps as steps of this run (at least one when asked for)."""
+        if unit == "steps" or steps == 0:
+            return steps
+        return max(1, round(steps * ref / batch))
+
+    profiler = dataclasses.replace(
+        t.profiler, start_step=steps_here(t.profiler.start_step), steps=steps_here(t.profiler.steps)
+    )
+    factor = lr_factor(t.lr_scaling, batch, ref)
+    return Budget(
+        unit=unit,
+        batch=batch,
+        setting=setting,
+        total=total,
+        per_step=per_step,
+        max_steps=max_steps,
+        warmup_steps=t.warmup_steps if unit == "steps" else interval(t.warmup_steps) / per_step,
+        eval_every=interval(t.eval_every),
+        log_every=interval(t.log_every),
+        checkpoint_every=interval(t.checkpoint_every),
+        profiler=profiler,
+        lr=t.lr * factor,
+        lr_factor=factor,
+        tokens_per_sample=tokens_per_sample,
+        schedule=t.schedule,
+        min_lr_ratio=t.min_lr_ratio,
+    )
+
+
+def check_budget(t: TrainingConfig, tokens_per_sample: int | None) -> None:
+    """The budget resolves (one is set; tokens only for packed samples) and the profiler's
+    window holds a step of it."""
+    budget = budget_of(t, tokens_per_sample)
+    p, last = budget.profiler, budget.max_steps
+    if p.steps and p.start_step >= last:
+        steps = "" if budget.unit == "steps" else f": {last} steps"
+        raise ConfigError(
+            f"training.profiler.start_step={t.profiler.start_step} is not a step of this "
+            f"run ({budget.setting}={budget.total}{steps}); allowed: 0..{last - 1}"
+        )
+
+
+def report_axis(t: TrainingConfig, tokens_per_sample: int | None) -> ReportAxis:
+    """The study's report axis for runs of these settings (independent of the effective batch
+    under a data budget)."""
+    b = budget_of(t, tokens_per_sample)
+    return ReportAxis(unit=b.unit, every=b.eval_every, last=b.total)
+
+
+def lr_factor(scaling: str, batch: int, reference: int) -> float:
+    if scaling == "linear":
+        return batch / reference
+    if scaling == "sqrt":
+        return math.sqrt(batch / reference)
+    return 1.0
+
+
+def _budget_setting(t: TrainingConfig, tokens_per_sample: int | None) -> tuple[str, str, int]:
+    """(setting, unit, total) of the one budget set; two set together are refused."""
+    given = [
+        (name, unit, value)
+        for name, unit, value in (
+            ("training.max_steps", "steps", t.max_steps),
+            ("training.max_samples", "samples", t.max_samples),
+            ("training.max_tokens", "tokens", t.max_tokens),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        named = " and ".join(f"{name}={value}" for name, _, value in given)
+        raise ConfigError(
+            f"{named} are two budgets; set one of training.max_steps, training.max_samples, "
+            "training.max_tokens (the others null)"
+        )
+    if not given:
+        return "training.max_steps", "steps", DEFAULT_MAX_STEPS
+    name, unit, value = given[0]
+    if unit == "tokens" and not tokens_per_sample:
+        raise ConfigError(
+            f"training.max_tokens={value}: this task's samples vary in length, so a budget in "
+            "tokens is not a number of steps; use training.max_samples or training.max_steps"
+        )
+    return name, unit, int(value)

@@ -1,0 +1,243 @@
+"""Training budgets in data: steps derived from the effective batch, the schedule placed at equal
+data, trials judged at equal data, the learning rate scaled with the batch."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import optuna
+import pytest
+
+from app.config import ConfigError
+from app.config.budget import DEFAULT_MAX_STEPS, budget_of
+from app.config.training import TrainingConfig
+from app.core.outcomes import Pruned, TrainingOOM
+from app.engine import checkpoint as ckpt
+from app.engine.run import Observers
+from app.engine.runner import run_training
+from hydra_plugins.hydratrain_optuna_sweeper._samplers import EvalSchedule, build_pruner
+from tests.conftest import compose, config, tiny
+
+# 96 samples; every count written in steps of batch 8: warm-up over 32 samples, an evaluation
+# and a checkpoint every 32, a log point every 16.
+BY_DATA = (
+    "training.max_steps=null",
+    "training.max_samples=96",
+    "training.reference_batch=8",
+    "training.warmup_steps=4",
+    "training.eval_every=4",
+    "training.checkpoint_every=4",
+    "training.keep_checkpoints=10",
+    "training.log_every=2",
+    "training.eval_at_start=false",
+    "training.schedule=constant",
+    "training.micro_batch_size=4",
+)
+
+
+class Recorder:
+    """A trial's reporter that keeps what the run reported, and never prunes."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def report(self, step: int, metrics: dict[str, float]) -> bool:
+        self.steps.append(step)
+        return False
+
+    def set_attrs(self, attrs) -> None:
+        pass
+
+
+def _records(run_dir, key: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if key in r]
+
+
+@pytest.mark.parametrize(
+    ("batch", "steps"),
+    [(8, 480), (16, 240), (48, 80), (50, 77), (64, 60), (3840, 1), (7, 549)],
+)
+def test_steps_come_from_a_sample_budget_for_any_batch(batch, steps):
+    b = budget_of(TrainingConfig(effective_batch_size=batch, max_samples=3840), None)
+    assert (b.unit, b.total, b.max_steps) == ("samples", 3840, steps)
+    assert b.max_steps == math.ceil(3840 / batch)  # at least the budget, by less than a batch
+    assert b.samples_seen(b.max_steps) - 3840 < batch
+
+
+def test_steps_come_from_a_token_budget_for_causal_lm(tmp_path):
+    cfg = config(tiny(tmp_path, "training.max_steps=null", "training.max_tokens=10000"))
+    b = cfg.budget()  # data.seq_len=32 and batch 8: 256 tokens a step
+    assert (b.unit, b.per_step, b.max_steps) == ("tokens", 256, math.ceil(10000 / 256))
+    assert b.tokens_seen(b.max_steps) == 40 * 256
+
+
+def test_classification_takes_a_sample_budget_and_refuses_a_token_one(tmp_path):
+    nli = ["gpu=cpu", "experiment=nli_tiny", "training.max_steps=null"]
+    assert config([*nli, "training.max_samples=100"]).budget().max_steps == math.ceil(100 / 16)
+    with pytest.raises(ConfigError, match=r"training.max_tokens=1000: this task's samples vary"):
+        config([*nli, "training.max_tokens=1000"])
+
+
+def test_without_a_budget_the_run_keeps_max_steps_and_its_step_counts():
+    b = budget_of(TrainingConfig(effective_batch_size=64, eval_every=7, warmup_steps=3), None)
+    assert (b.unit, b.max_steps, b.eval_every, b.warmup_steps) == ("steps", DEFAULT_MAX_STEPS, 7, 3)
+    assert [d for d in range(1, 30) if b.evaluates(d)] == [7, 14, 21, 28]
+    assert b.mark(14) == 14 and b.mark(DEFAULT_MAX_STEPS) == DEFAULT_MAX_STEPS
+
+
+def test_two_budgets_together_are_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        config(tiny(tmp_path, "training.max_samples=100"))  # tiny sets max_steps=6
+    assert str(exc.value) == (
+        "training.max_steps=6 and training.max_samples=100 are two budgets; set one of "
+        "training.max_steps, training.max_samples, training.max_tokens (the others null)"
+    )
+
+
+def test_uneven_batches_evaluate_at_the_first_step_past_each_mark():
+    b = budget_of(TrainingConfig(effective_batch_size=12, max_samples=96, reference_batch=8,
+                                 eval_every=4), None)  # fmt: skip
+    assert b.max_steps == 8 and b.eval_every == 32
+    evaluated = [d for d in range(1, 9) if b.evaluates(d)]
+    assert evaluated == [3, 6, 8]  # 36, 72 and 96 samples seen
+    assert [b.mark(d) for d in evaluated] == [32, 64, 96]  # what the trial is told
+    assert b.evaluations_after(0) == 3 and b.evaluations_after(3) == 2
+
+
+@pytest.mark.slow
+def test_two_batch_sizes_warm_up_evaluate_report_and_checkpoint_at_equal_data(tmp_path):
+    seen = {}
+    for batch in (8, 12, 16):
+        recorder = Recorder()
+        run_dir = tmp_path / f"b{batch}"
+        cfg = config(tiny(tmp_path, *BY_DATA, f"training.effective_batch_size={batch}"))
+        summary = run_training(cfg, run_dir, Observers(reporter=recorder))
+        assert summary.status == "completed" and summary.samples_seen == 96
+        evals = [r["data/samples_seen"] for r in _records(run_dir, "val/loss")]
+        saved = [
+            int(p.stem.split("_")[1]) * batch
+            for p in ckpt.list_checkpoints(run_dir / "checkpoints")
+        ]
+        # The learning rate of the step that ends at s samples is min(1, s / 32) of the peak:
+        # a function of the data seen, whatever the batch.
+        rates = {
+            r["data/samples_seen"] + batch: r["train/learning_rate"]
+            for r in _records(run_dir, "train/learning_rate")
+        }
+        for end, lr in rates.items():
+            assert lr == pytest.approx(3e-3 * min(1.0, end / 32)), (batch, end)
+        seen[batch] = (round(summary.warmup_steps * batch), recorder.steps, evals, saved)
+    # The warm-up covers 32 samples, trials hear the marks 32, 64, 96 whatever their batch.
+    assert {s[0] for s in seen.values()} == {32}
+    assert {tuple(s[1]) for s in seen.values()} == {(32, 64, 96)}
+    assert seen[8][2] == seen[16][2] == [32, 64, 96]
+    assert seen[12][2] == [36, 72, 96]  # an uneven batch: the first step past each mark
+    assert seen[8][3] == seen[16][3] == [32, 64, 96]
+
+
+def test_the_pruners_schedule_is_in_samples_under_a_sample_budget(tmp_path):
+    steps = EvalSchedule.of(compose(tiny(tmp_path)))
+    assert steps == EvalSchedule(every=3, last=6, unit="steps")
+    data = EvalSchedule.of(compose(tiny(tmp_path, *BY_DATA)))
+    assert data == EvalSchedule(every=32, last=96, unit="samples")
+    # The same whatever the batch the trial samples: the axis is the data.
+    other = EvalSchedule.of(compose(tiny(tmp_path, *BY_DATA, "training.effective_batch_size=32")))
+    assert other == data
+
+
+class TrialReporter:
+    """Reports to an Optuna trial and asks its pruner, as the sweeper's reporter does."""
+
+    def __init__(self, trial: optuna.Trial) -> None:
+        self.trial = trial
+
+    def report(self, step: int, metrics: dict[str, float]) -> bool:
+        self.trial.report(metrics["val_loss"], step)
+        return self.trial.should_prune()
+
+    def set_attrs(self, attrs) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_pruner_judges_trials_of_two_batch_sizes_at_equal_data(tmp_path):
+    base = tiny(tmp_path, *BY_DATA)
+    schedule = EvalSchedule.of(compose(base))
+    pruner = build_pruner("median", {"n_startup_trials": 1}, 1, schedule)
+    study = optuna.create_study(pruner=pruner)
+    good = study.ask()
+    cfg = config([*base, "training.effective_batch_size=16", "training.lr=1e-2"])
+    summary = run_training(cfg, tmp_path / "good", Observers(reporter=TrialReporter(good)))
+    study.tell(good, summary.final_val["loss"])
+    # A hopeless trial at another batch: judged against the first at the same data seen.
+    bad = study.ask()
+    cfg = config([*base, "training.effective_batch_size=8", "training.lr=1e-6"])
+    with pytest.raises(Pruned):
+        run_training(cfg, tmp_path / "bad", Observers(reporter=TrialReporter(bad)))
+    first, second = study.trials
+    assert list(first.intermediate_values) == [32, 64, 96]
+    assert list(second.intermediate_values) == [32]  # pruned at its first mark
+    summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
+    assert (summary["status"], summary["samples_seen"], summary["steps"]) == ("pruned", 32, 4)
+
+
+@pytest.mark.slow
+def test_lr_scaling_is_applied_to_the_optimizer_and_recorded(tmp_path):
+    for scaling, factor in (("none", 1.0), ("sqrt", 2.0), ("linear", 4.0)):
+        run_dir = tmp_path / scaling
+        cfg = config(
+            tiny(
+                tmp_path,
+                "training.effective_batch_size=32",
+                "training.micro_batch_size=16",
+                "training.reference_batch=8",
+                f"training.lr_scaling={scaling}",
+                "training.lr=1e-3",
+                "training.warmup_steps=0",
+                "training.schedule=constant",
+                "training.max_steps=2",
+            )
+        )
+        summary = run_training(cfg, run_dir)
+        assert summary.lr == pytest.approx(1e-3 * factor)
+        assert summary.lr_scaling == scaling
+        logged = [r["train/learning_rate"] for r in _records(run_dir, "train/learning_rate")]
+        assert logged == [pytest.approx(1e-3 * factor)] * 2  # what the optimizer stepped with
+        banner = json.loads((run_dir / "summary.json").read_text())
+        assert banner["lr"] == pytest.approx(1e-3 * factor)
+
+
+@pytest.mark.slow
+def test_a_budgeted_run_resumes_to_the_same_result(tmp_path):
+    base = tiny(tmp_path, *BY_DATA, "training.effective_batch_size=16", "model.dropout=0.1")
+    straight = run_training(config(base), tmp_path / "straight")
+    crash = [
+        "faults.oom_above_micro_batch=0",
+        "faults.oom_from_step=2",
+        "training.auto_batch.oom_recovery=false",
+    ]
+    with pytest.raises(TrainingOOM):
+        run_training(config([*base, *crash]), tmp_path / "first")
+    resumed = run_training(
+        config([*base, f"training.resume={tmp_path / 'first'}"]), tmp_path / "second"
+    )
+    assert resumed.resumed_from_step == 2 and resumed.steps == straight.steps == 6
+    assert resumed.samples_seen == straight.samples_seen == 96
+    assert resumed.final_val["loss"] == pytest.approx(straight.final_val["loss"], abs=0)
+
+
+@pytest.mark.slow
+def test_oom_recovery_in_a_budgeted_run_keeps_the_steps_and_the_result(tmp_path):
+    base = tiny(
+        tmp_path, *BY_DATA, "training.effective_batch_size=16", "training.micro_batch_size=8"
+    )
+    clean = run_training(config(base), tmp_path / "clean")
+    shrunk = run_training(
+        config([*base, "faults.oom_above_micro_batch=4", "faults.oom_from_step=2"]),
+        tmp_path / "shrunk",
+    )
+    assert shrunk.oom_count == 1 and shrunk.micro_batch_size <= 4
+    assert shrunk.steps == clean.steps == 6 and shrunk.samples_seen == 96
+    assert shrunk.final_val["loss"] == pytest.approx(clean.final_val["loss"], rel=1e-4)
