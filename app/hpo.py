@@ -24,17 +24,25 @@ from typing import Any, Protocol
 from app.components.hardware.visible import visible_gpus
 from app.config.budget import ReportAxis
 from app.config.compose import one_line
-from app.config.hpo import HpoConfig
+from app.config.hpo import BatchSizeStudyConfig, HpoConfig
 from app.config.jobs import check_job_config, report_axis_of, task_of
 from app.core.errors import ConfigError, first_line
 from app.core.outcomes import Paused, Status, status_of
 from app.core.preemption import StopRequest, stop_on_signals
 from app.core.redact import MASK, URL_PASSWORD, mask_url_passwords
+from app.studies.batch_size import IMAGE as BATCH_STUDY_IMAGE
+from app.studies.batch_size import BatchTrial
+from app.studies.batch_size import analyse as analyse_batch_study
+from app.studies.batch_size import plot as plot_batch_study
+from app.studies.batch_size import table as batch_study_table
 
 __all__ = [
+    "BATCH_STUDY_IMAGE",
     "MASK",
     "RUN_METRICS",
     "URL_PASSWORD",
+    "BatchSizeStudyConfig",
+    "BatchTrial",
     "ConfigError",
     "HpoConfig",
     "NullReporter",
@@ -45,12 +53,15 @@ __all__ = [
     "Status",
     "StopRequest",
     "TrialAttrs",
+    "analyse_batch_study",
+    "batch_study_table",
     "build_reporter",
     "check_job_config",
     "first_line",
     "mask_url_passwords",
     "objectives",
     "one_line",
+    "plot_batch_study",
     "report_axis_of",
     "status_of",
     "stop_on_signals",
@@ -77,6 +88,12 @@ class TrialAttrs:
     micro_batch_size: int | None = None
     grad_accum_steps: int | None = None
     effective_batch_size: int | None = None
+    lr: float | None = None  # what it trained with: training.lr scaled by lr_scaling
+    samples_seen: int | None = None
+    noise_scale: float | None = None  # training.noise_scale: B_simple at its end
+    # The probe's samples/s for this effective batch on this device: its fastest micro-batch
+    # that fits (a trial that ran with a smaller one is still credited with what fits)
+    probe_samples_per_sec: float | None = None
     peak_memory_bytes: int | None = None
     tokens_per_sec: float | None = None
     device_seconds: float | None = None  # this job's (a resumed trial: since its resume)

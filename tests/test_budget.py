@@ -17,7 +17,7 @@ from app.engine import checkpoint as ckpt
 from app.engine.run import Observers
 from app.engine.runner import run_training
 from hydra_plugins.hydratrain_optuna_sweeper._samplers import EvalSchedule, build_pruner
-from tests.conftest import compose, config, tiny
+from tests.conftest import ROOT, compose, config, tiny
 
 # 96 samples; every count written in steps of batch 8: warm-up over 32 samples, an evaluation
 # and a checkpoint every 32, a log point every 16.
@@ -241,3 +241,34 @@ def test_oom_recovery_in_a_budgeted_run_keeps_the_steps_and_the_result(tmp_path)
     assert shrunk.oom_count == 1 and shrunk.micro_batch_size <= 4
     assert shrunk.steps == clean.steps == 6 and shrunk.samples_seen == 96
     assert shrunk.final_val["loss"] == pytest.approx(clean.final_val["loss"], rel=1e-4)
+
+
+SWEEPS = sorted(p.stem for p in (ROOT / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_every_shipped_study_that_searches_the_batch_has_a_budget_in_data(name):
+    from omegaconf import OmegaConf
+
+    cfg = compose([f"+sweeps={name}"])
+    typed = OmegaConf.to_object(cfg)
+    budget = budget_of(typed.training, typed.tokens_per_sample())
+    searched = OmegaConf.select(cfg, "hydra.sweeper.params", default={}) or {}
+    if "training.effective_batch_size" in searched:
+        assert budget.unit == "samples", name
+
+
+def test_a_study_searching_the_batch_with_a_step_budget_says_so_once(tmp_path):
+    from tests.conftest import run_cli
+
+    fixed = tiny(tmp_path, "training.max_steps=2", "training.eval_every=2")
+    proc = run_cli(
+        "-m",
+        "hpo=optuna",  # its default space searches the effective batch
+        *(o for o in fixed if not o.startswith("training.effective_batch_size")),
+        "hpo.n_trials=1",
+        f"hpo.storage={tmp_path / 'study.journal'}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (proc.stdout + proc.stderr).count("larger batches see more data") == 1

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bench import __doc__ as package_doc
+from app.bench.batch_budget import batch_budget_table, run_batch_budget_bench
 from app.bench.fleet import fleet_table, run_fleet_bench
 from app.bench.hpo import hpo_table, run_hpo_bench
 from app.bench.hpo_peers import CONTENDERS as HPO_PEERS
@@ -44,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.hpo:
         report = {"machine": machine_info(), **run_hpo_bench(args.overrides)}
         print(hpo_table(report))
+    elif args.batch_budget:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        report = {"machine": machine_info(), **run_batch_budget_bench(args.overrides, seeds)}
+        print(batch_budget_table(report))
     elif args.hpo_peers:
         peers = args.peers.split(",") if args.peers else list(HPO_PEERS)
         report = {"machine": machine_info(), **run_peers_bench(args.overrides, peers)}
@@ -89,6 +94,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="the seeded study by this sweeper (pruners) and by the transformers Trainer",
     )
+    p.add_argument(
+        "--batch-budget",
+        action="store_true",
+        help="studies at a data budget vs fixed steps, against a grid's true best",
+    )
+    p.add_argument("--seeds", default="0,1", help="batch-budget: comma-separated seeds")
     p.add_argument("--peers", help=f"hpo-peers: comma-separated subset of {','.join(HPO_PEERS)}")
     p.add_argument("--json", help="where to write the JSON report")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one spec file
@@ -104,6 +115,7 @@ def default_json_path(args: argparse.Namespace) -> str:
         "fleet": args.fleet,
         "parallel": args.parallel,
         "hpo-peers": args.hpo_peers,
+        "batch-budget": args.batch_budget,
         "ablate": args.ablate,
     }
     kind = next((k for k, on in kinds.items() if on), "bench")

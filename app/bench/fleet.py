@@ -31,6 +31,7 @@ STUDY = [
     "hpo.seed=7",
     "hpo.pruner=none",
     "hpo.tensorboard=false",
+    "training.max_samples=null",  # steps, as measured in docs/benchmarks.md
     "training.max_steps=60",
     "training.eval_every=30",
     "training.effective_batch_size=16",

@@ -30,6 +30,7 @@ STUDY = [
     "hpo.n_trials=16",
     "hpo.sampler=random",
     "hpo.seed=7",
+    "training.max_samples=null",  # steps, as measured in docs/benchmarks.md
     "training.max_steps=120",
     "training.eval_every=10",
     "training.micro_batch_size=8",
@@ -44,6 +45,7 @@ SHORT = [
     "hpo.sampler=random",
     "hpo.seed=7",
     "hpo.pruner=none",
+    "training.max_samples=null",
     "training.max_steps=10",
 ]
 
@@ -112,8 +114,10 @@ def replay(trials: list[dict[str, Any]], spec: tuple[str, dict[str, Any]]) -> di
     return {"optimizer_steps": steps, "best_value": min(values) if values else None}
 
 
-def run_study(overrides: list[str]) -> dict[str, Any]:
+def run_study(overrides: list[str], keep: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The study's trials as rows, and the `keep` keys of its optimization_results.yaml."""
     import optuna
+    import yaml
     from optuna.storages.journal import JournalFileBackend
 
     with tempfile.TemporaryDirectory(prefix="bench-hpo-") as tmp:
@@ -133,6 +137,7 @@ def run_study(overrides: list[str]) -> dict[str, Any]:
         journal = optuna.storages.JournalStorage(JournalFileBackend(f"{tmp}/study.journal"))
         study = optuna.load_study(study_name="bench", storage=journal)
         trials = [trial_row(t) for t in sorted(study.get_trials(), key=lambda t: t.number)]
+        results = yaml.safe_load(Path(tmp, "multirun", "optimization_results.yaml").read_text())
     done = [t for t in trials if t["value"] is not None and t["state"] == "COMPLETE"]
     return {
         "wall_s": wall,
@@ -142,6 +147,7 @@ def run_study(overrides: list[str]) -> dict[str, Any]:
         "optimizer_steps": sum(t["steps"] for t in trials),
         "best_value": min(t["value"] for t in done) if done else None,
         "trials": trials,
+        **{key: results.get(key) for key in keep},
     }
 
 
@@ -177,6 +183,7 @@ def trial_row(t: Any) -> dict[str, Any]:
         "seconds": seconds,
         "train_share": summary.train_time_s / seconds,
         "eval_s": summary.eval_time_s,
+        "device_seconds": summary.device_seconds,
         "curve": sorted(t.intermediate_values.items()),
     }
 

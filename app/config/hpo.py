@@ -13,6 +13,16 @@ from typing import Any
 
 
 @dataclass
+class BatchSizeStudyConfig:
+    """hpo.batch_size_study (sweeps/batch_size.yaml): after the sweep, per effective batch the
+    steps and samples its best learning rate took to reach target_loss, and the critical batch
+    size (app/studies/batch_size.py), in optimization_results.yaml and batch_size_study.png."""
+
+    # null: the highest of the batch sizes' best final losses (the lowest every one reached)
+    target_loss: float | None = None
+
+
+@dataclass
 class HpoConfig:
     study_name: str = "hydratrain"
     # A path: an Optuna journal file; a URL (postgresql://..., sqlite:///...): an RDB storage;
@@ -48,6 +58,7 @@ class HpoConfig:
     # key set to null here is not searched.
     params: Any = None
     tensorboard: bool = True  # hparams per trial in <hydra.sweep.dir>/tensorboard
+    batch_size_study: BatchSizeStudyConfig | None = None  # null: a study of any other kind
     # The fleet (README, "A node, a cluster"): worker processes sharing the study, each pinned
     # to its own GPUs through CUDA_VISIBLE_DEVICES. workers: a number, or auto (one per
     # gpus_per_trial visible GPUs, 1 without a GPU); devices: null (the visible GPUs) or a list

@@ -57,14 +57,14 @@ class NoiseScale:
         self.steps += 1
 
     def value(self) -> float | None:
-        """B_simple in samples (a host sync); None before the first estimate, or while the
-        smoothed |G|^2 is not positive (too few steps to tell)."""
+        """B_simple in samples (a host sync); None before the first estimate, or while either
+        smoothed estimate is not positive (too few steps to tell)."""
         if self.steps == 0:
             return None
-        grad_sq = float(self.grad_sq)
-        if grad_sq <= 0.0:
+        grad_sq, trace = float(self.grad_sq), float(self.trace)
+        if grad_sq <= 0.0 or trace <= 0.0:
             return None
-        return float(self.trace) / grad_sq
+        return trace / grad_sq
 
 
 def sq_grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:

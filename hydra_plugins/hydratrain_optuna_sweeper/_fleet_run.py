@@ -49,7 +49,13 @@ class Fleet:
                 self._job(), self.sweeper.config, self.plan, ticker, s.liveness.poll_interval
             )
         finally:
-            write_results(plan.study, plan.mask(s.storage.text), s.metrics, plan.sweep_dir)
+            write_results(
+                plan.study,
+                plan.mask(s.storage.text),
+                s.metrics,
+                plan.sweep_dir,
+                s.batch_size_study,
+            )
 
     def _job(self) -> FleetJob:
         sw = self.sweeper

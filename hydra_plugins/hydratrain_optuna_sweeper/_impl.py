@@ -108,6 +108,7 @@ class OptunaSweeperImpl(Sweeper):
         if isinstance(sampler, optuna.samplers.GridSampler):  # as stock: at most the grid
             _cap_to_grid(s, grid_size(space.grid()))
         schedule = EvalSchedule.of(job_cfg)
+        _warn_unequal_data(space, schedule)
         pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions), schedule)
         judged_by = build_pruner(s.pruner, s.pruner_args, 1, schedule)  # the report metric's
         self.fleet = plan_fleet_of(self, s, arguments)
@@ -247,3 +248,18 @@ def _axis_text(schedule: EvalSchedule | None) -> str:
     if schedule is None:
         return ""
     return f"; trials report every {schedule.every:,} {schedule.unit} up to {schedule.last:,}"
+
+
+BATCH_KEY = "training.effective_batch_size"
+
+
+def _warn_unequal_data(space: SearchSpace, schedule: EvalSchedule | None) -> None:
+    """A searched batch with a budget in steps: a larger batch trains on more data, and the
+    pruners judge trials at equal steps, not equal data. Said once; the study runs as asked."""
+    if schedule is not None and schedule.unit == "steps" and BATCH_KEY in space.distributions:
+        log.warning(
+            "The study searches %s with a budget in steps (training.max_steps): larger batches "
+            "see more data and are judged at equal steps; set training.max_samples (or "
+            "max_tokens) and training.max_steps=null to compare them at equal data",
+            BATCH_KEY,
+        )

@@ -18,7 +18,7 @@ import optuna
 from omegaconf import OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
-from app.hpo import TrialAttrs
+from app.hpo import BatchSizeStudyConfig, TrialAttrs
 
 from ._errors import NoTrialCompleted
 
@@ -51,7 +51,13 @@ def _solution(t: FrozenTrial) -> dict[str, Any]:
     }
 
 
-def summarize(study: optuna.Study, storage: str, metrics: list[str] | None) -> dict[str, Any]:
+def summarize(
+    study: optuna.Study,
+    storage: str,
+    metrics: list[str] | None,
+    batch_study: BatchSizeStudyConfig | None = None,
+    sweep_dir: str = ".",
+) -> dict[str, Any]:
     trials = study.get_trials(deepcopy=False)
     data: dict[str, Any] = {
         "name": "optuna",
@@ -74,17 +80,26 @@ def summarize(study: optuna.Study, storage: str, metrics: list[str] | None) -> d
         )
     else:
         data["solutions"] = [_solution(t) for t in study.best_trials]  # the Pareto front
+    if batch_study is not None:
+        from ._batch_study import write_batch_study
+
+        data["batch_size_study"] = write_batch_study(study, batch_study, sweep_dir)
     return data
 
 
 def write_results(
-    study: optuna.Study, storage: str, metrics: list[str] | None, sweep_dir: str
+    study: optuna.Study,
+    storage: str,
+    metrics: list[str] | None,
+    sweep_dir: str,
+    batch_study: BatchSizeStudyConfig | None = None,
 ) -> Path:
     """Atomically (re)write the results; the last worker to finish leaves the final picture."""
     path = Path(sweep_dir, RESULTS_FILE)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    OmegaConf.save(OmegaConf.create(summarize(study, storage, metrics)), tmp)
+    data = summarize(study, storage, metrics, batch_study, sweep_dir)
+    OmegaConf.save(OmegaConf.create(data), tmp)
     os.replace(tmp, path)
     return path
 

@@ -19,7 +19,7 @@ from typing import Any
 from hydra.errors import HydraDeprecationError
 from omegaconf import DictConfig, OmegaConf
 
-from app.hpo import HpoConfig
+from app.hpo import BatchSizeStudyConfig, HpoConfig
 
 from . import _private as private
 from ._errors import SweepConfigError, first_line
@@ -136,6 +136,7 @@ class SweepSettings:
     tensorboard: bool = False
     reports: bool = False  # jobs are told their trial (there is an hpo node): pruning
     budget_s: float | None = None  # hpo.budget_s: device-seconds the study may spend
+    batch_size_study: BatchSizeStudyConfig | None = None  # hpo.batch_size_study, as typed
     # hpo.report_metric's own direction (filled once known): the pruning companion's, for
     # several objectives
     report_direction: str = "minimize"
@@ -213,6 +214,7 @@ def read_settings(stock: StockKeys, hpo_node: Any, sweep_dir: str) -> SweepSetti
         tensorboard=bool(hpo and h.tensorboard),
         reports=hpo is not None,
         budget_s=h.budget_s if hpo else None,
+        batch_size_study=h.batch_size_study if hpo else None,
     )
     check(s)
     return s

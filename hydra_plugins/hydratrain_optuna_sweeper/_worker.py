@@ -84,14 +84,19 @@ class Worker:
             finally:
                 if self.hparams is not None:
                     self.hparams.close()
-                path = self._write_results()
+                path = self._write_results(final=True)
                 log.info("Results in %s", path)
         return self.stop.exit_status if self.stop.requested else 0
 
-    def _write_results(self) -> Any:
+    def _write_results(self, final: bool = False) -> Any:
+        """After each trial; the study's analyses (hpo.batch_size_study) only at the end."""
         p = self.plan
         return write_results(
-            self.study, p.mask(p.settings.storage.text), self.s.metrics, p.sweep_dir
+            self.study,
+            p.mask(p.settings.storage.text),
+            self.s.metrics,
+            p.sweep_dir,
+            self.s.batch_size_study if final else None,
         )
 
     def _enqueue_initial(self) -> None:
