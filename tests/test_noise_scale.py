@@ -118,3 +118,14 @@ def test_auto_micro_batch_leaves_two_micro_batches_per_step_for_it(tmp_path):
 def test_where_it_cannot_be_estimated_it_is_refused_in_one_line(tmp_path, extra, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         config(tiny(tmp_path, "training.noise_scale=true", *extra))
+
+
+def test_an_overflowed_step_leaves_the_estimate_as_it_was():
+    ns = NoiseScale(32, torch.device("cpu"))
+    for small_sq, whole in _noisy_gradients(50, 4, 32, 64, 0.5, seed=2):
+        ns.small(small_sq, 4)
+        ns.step(whole)
+    before = ns.value()
+    ns.small(torch.tensor(float("inf")), 4)  # fp16: the loss scale overflowed this step
+    ns.step(torch.tensor(float("inf")))
+    assert ns.value() == pytest.approx(before)

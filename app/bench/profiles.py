@@ -124,6 +124,12 @@ def ablations(profile: str) -> dict[str, list[Arm]]:
             Arm("retain", "trainer"),
             Arm("default (glibc)", "trainer", ["training.host_malloc=default"]),
         ],
+        # Two extra gradient norms per step, kept on the device (the profiles' plans have two
+        # micro-batches a step, which the estimate needs).
+        "noise scale": [
+            Arm("off", "trainer"),
+            Arm("on", "trainer", ["training.noise_scale=true"]),
+        ],
         "host malloc (transformers Trainer)": [
             Arm("default (glibc, stock)", "hf"),
             Arm("retain", "hf", options={"host_malloc": "retain"}),

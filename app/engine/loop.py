@@ -52,7 +52,7 @@ def train(run: Run, summary: Summary | None = None) -> Summary:
             done = step + 1
             if budget.logs(done):
                 log_window(run, done, window, meter, summary, bar)
-            record_progress(run, done, summary)  # before the evaluation: a pruned trial's
+            record_progress(run, done, summary)  # before the evaluation: a pruned trial did it
             if budget.evaluates(done):
                 with meter.pause():
                     evaluate_or_pause(run, done, summary)

@@ -52,6 +52,11 @@ class NoiseScale:
             return
         grad_sq = (big * big_sq - b * small_sq) / (big - b)
         trace = (small_sq - big_sq) / (1.0 / b - 1.0 / big)
+        # A step whose gradients overflowed (fp16's loss scale, which skips it) leaves both
+        # averages as they were; decided on the device, without a sync.
+        finite = torch.isfinite(grad_sq) & torch.isfinite(trace)
+        grad_sq = torch.where(finite, grad_sq, self.grad_sq)
+        trace = torch.where(finite, trace, self.trace)
         self.grad_sq.mul_(self.beta).add_(grad_sq, alpha=1 - self.beta)
         self.trace.mul_(self.beta).add_(trace, alpha=1 - self.beta)
         self.steps += 1
