@@ -137,6 +137,21 @@ def test_two_batch_sizes_warm_up_evaluate_report_and_checkpoint_at_equal_data(tm
     assert seen[8][3] == seen[16][3] == [32, 64, 96]
 
 
+@pytest.mark.slow
+def test_tensorboard_charts_the_losses_against_the_samples_seen(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    run_training(config(tiny(tmp_path, *BY_DATA, "training.effective_batch_size=16")), run_dir)
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    by_step = [e.step for e in acc.Scalars("val/loss")]
+    by_samples = [e.step for e in acc.Scalars("by_samples/val/loss")]
+    assert by_step == [2, 4, 6] and by_samples == [32, 64, 96]
+    assert [e.step for e in acc.Scalars("by_samples/train/loss")] == [16, 32, 48, 64, 80, 96]
+    assert [e.value for e in acc.Scalars("data/samples_seen")][-1] == 96
+
+
 def test_the_pruners_schedule_is_in_samples_under_a_sample_budget(tmp_path):
     steps = EvalSchedule.of(compose(tiny(tmp_path)))
     assert steps == EvalSchedule(every=3, last=6, unit="steps")
@@ -272,3 +287,18 @@ def test_a_study_searching_the_batch_with_a_step_budget_says_so_once(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (proc.stdout + proc.stderr).count("larger batches see more data") == 1
+
+
+def test_every_pruner_places_its_rungs_on_the_data_axis():
+    """Trials report every 160 samples up to 3,840: the rungs are marks of data seen."""
+    from hydra_plugins.hydratrain_optuna_sweeper._samplers import pruner_defaults
+    from tests.test_sweeper import _rung_steps
+
+    axis = EvalSchedule(every=160, last=3840, unit="samples")
+    # successive halving: the first mark at or past 3840 / 9, then 3 times further
+    sh = build_pruner("successive_halving", {}, 1, axis)
+    assert _rung_steps(sh, 3840) == [480, 1440]
+    asha = build_pruner("asha", {}, 1, axis)
+    assert [m for m in range(160, 3841, 160) if asha.is_rung(m)] == [480, 1440]
+    assert pruner_defaults("hyperband", axis)["min_resource"] == 160
+    assert pruner_defaults("hyperband", axis)["max_resource"] == 3840
