@@ -4,6 +4,7 @@ ends with."""
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 from app.components.optim import OPTIMIZERS
@@ -161,9 +162,24 @@ def summarize_run(run: Run, summary: Summary) -> None:
     if run.device.type == "cuda" and summary.device_memory_bytes:
         summary.peak_memory_fraction = summary.peak_memory_bytes / summary.device_memory_bytes
     summary.oom_count = int(run.plan.details.get("oom_count", 0))
+    summary.probe_samples_per_sec = probed_samples_per_sec(summary)
     busy = summary.train_time_s + (summary.eval_time_s or 0.0)
     summary.device_seconds = busy * run.dist.world_size
     facts = run.facts
     if summary.tokens_per_sec and facts.flops_per_token and facts.peak_tflops:
         per_device = summary.tokens_per_sec / run.dist.world_size
         summary.mfu = mfu(per_device, facts.flops_per_token, facts.peak_tflops)
+
+
+def probed_samples_per_sec(summary: Summary) -> float | None:
+    """The fastest micro-batch the probe found fitting within a rank's share of the effective
+    batch, times the ranks: the device's throughput at this batch, whatever micro-batch the run
+    itself used (training.noise_scale halves it)."""
+    rows = summary.batch_details.get("candidates") or []
+    share = math.ceil((summary.effective_batch_size or 0) / max(summary.world_size, 1))
+    speeds = [
+        float(r["samples_per_sec"])
+        for r in rows
+        if r.get("fits") and r.get("samples_per_sec") and int(r["micro"]) <= share
+    ]
+    return max(speeds) * summary.world_size if speeds else None

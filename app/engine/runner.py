@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import math
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -368,20 +367,6 @@ def finish(
     shutdown(dist)
 
 
-def probed_samples_per_sec(summary: Summary) -> float | None:
-    """The fastest micro-batch the probe found fitting within a rank's share of the effective
-    batch, times the ranks: the device's throughput at this batch, whatever micro-batch the run
-    itself used (training.noise_scale halves it)."""
-    rows = summary.batch_details.get("candidates") or []
-    share = math.ceil((summary.effective_batch_size or 0) / max(summary.world_size, 1))
-    speeds = [
-        float(r["samples_per_sec"])
-        for r in rows
-        if r.get("fits") and r.get("samples_per_sec") and int(r["micro"]) <= share
-    ]
-    return max(speeds) * summary.world_size if speeds else None
-
-
 def trial_attrs(summary: Summary) -> TrialAttrs:
     return TrialAttrs(
         micro_batch_size=summary.micro_batch_size,
@@ -390,7 +375,7 @@ def trial_attrs(summary: Summary) -> TrialAttrs:
         lr=summary.lr,
         samples_seen=summary.samples_seen,
         noise_scale=summary.noise_scale,
-        probe_samples_per_sec=probed_samples_per_sec(summary),
+        probe_samples_per_sec=summary.probe_samples_per_sec,
         peak_memory_bytes=summary.peak_memory_bytes,
         tokens_per_sec=summary.tokens_per_sec,
         device_seconds=summary.device_seconds,

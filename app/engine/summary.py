@@ -85,6 +85,9 @@ class Summary:
     # training.noise_scale: the smoothed gradient noise scale B_simple in samples at the last
     # log point, the critical batch size it predicts (McCandlish et al. 2018)
     noise_scale: float | None = field(default=None, metadata=OPTIONAL)
+    # The probe's samples/s for this effective batch: its fastest micro-batch that fits in a
+    # rank's share, times the ranks (the batch-size study's throughput per batch)
+    probe_samples_per_sec: float | None = field(default=None, metadata=OPTIONAL)
     wall_time_s: float | None = None
     # What the run cost: (train_time_s + eval_time_s) x world_size; hpo.budget_s sums it
     device_seconds: float | None = None
