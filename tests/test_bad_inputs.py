@@ -48,6 +48,11 @@ CASES = [
     ("lr-scaling", ["training.lr_scaling=cube"], "training.lr_scaling='cube' is not allowed"),
     ("reference-zero", ["training.reference_batch=0"], "training.reference_batch=0 must be"),
     (
+        "lr-scaled-above-1",
+        ["training.lr_scaling=linear", "training.reference_batch=2", "training.lr=0.5"],
+        "allowed: a scaled learning rate in (0, 1]",
+    ),
+    (
         "noise-one-micro",
         ["training.noise_scale=true", "training.micro_batch_size=8"],
         "is the whole effective batch",

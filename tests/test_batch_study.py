@@ -128,3 +128,22 @@ def test_the_batch_size_study_runs_and_answers(tmp_path):
         assert row["noise_scale"] is not None
     assert (sweep / "batch_size_study.png").stat().st_size > 10_000
     assert "Batch-size study" in proc.stdout + proc.stderr
+
+
+def test_the_batch_size_study_needs_a_sample_budget(tmp_path):
+    proc = run_cli(
+        "-m",
+        "+sweeps=batch_size",
+        "training.max_samples=null",
+        "training.max_steps=10",
+        f"hpo.storage={tmp_path / 'study.journal'}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=ROOT,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: hpo.batch_size_study compares batches at equal samples, but the job has a budget "
+        "in steps; set training.max_samples (and training.max_steps=null, "
+        "training.max_tokens=null)"
+    )
+    assert not (tmp_path / "study.journal").exists()

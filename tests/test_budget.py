@@ -84,7 +84,7 @@ def test_without_a_budget_the_run_keeps_max_steps_and_its_step_counts():
     b = budget_of(TrainingConfig(effective_batch_size=64, eval_every=7, warmup_steps=3), None)
     assert (b.unit, b.max_steps, b.eval_every, b.warmup_steps) == ("steps", DEFAULT_MAX_STEPS, 7, 3)
     assert [d for d in range(1, 30) if b.evaluates(d)] == [7, 14, 21, 28]
-    assert b.mark(14) == 14 and b.mark(DEFAULT_MAX_STEPS) == DEFAULT_MAX_STEPS
+    assert b.marks(14) == [14] and b.marks(DEFAULT_MAX_STEPS) == [DEFAULT_MAX_STEPS]
 
 
 def test_two_budgets_together_are_refused_in_one_line(tmp_path):
@@ -102,8 +102,18 @@ def test_uneven_batches_evaluate_at_the_first_step_past_each_mark():
     assert b.max_steps == 8 and b.eval_every == 32
     evaluated = [d for d in range(1, 9) if b.evaluates(d)]
     assert evaluated == [3, 6, 8]  # 36, 72 and 96 samples seen
-    assert [b.mark(d) for d in evaluated] == [32, 64, 96]  # what the trial is told
+    assert [b.marks(d) for d in evaluated] == [[32], [64], [96]]  # what the trial is told
     assert b.evaluations_after(0) == 3 and b.evaluations_after(3) == 2
+
+
+def test_a_step_that_crosses_several_marks_reports_at_each():
+    """Batch 24, evaluations every 16 samples: a pruner's rung at 320 is never skipped."""
+    b = budget_of(TrainingConfig(effective_batch_size=24, max_samples=2880, reference_batch=16,
+                                 eval_every=1), None)  # fmt: skip
+    assert b.marks(13) == [304] and b.marks(14) == [320, 336]  # 312 -> 336 samples
+    assert [m for d in range(1, b.max_steps + 1) for m in b.marks(d)] == list(range(16, 2881, 16))
+    # every step evaluates: the banner's count is the steps, not the marks
+    assert b.evaluations_after(0) == b.max_steps == 120 and b.evaluations_after(100) == 20
 
 
 @pytest.mark.slow
@@ -302,3 +312,39 @@ def test_every_pruner_places_its_rungs_on_the_data_axis():
     assert [m for m in range(160, 3841, 160) if asha.is_rung(m)] == [480, 1440]
     assert pruner_defaults("hyperband", axis)["min_resource"] == 160
     assert pruner_defaults("hyperband", axis)["max_resource"] == 3840
+
+
+def test_a_learning_rate_scaled_past_what_the_optimizer_takes_is_refused(tmp_path):
+    scaled = ("training.lr_scaling=linear", "training.reference_batch=2")  # x4 at batch 8
+    with pytest.raises(ConfigError) as exc:
+        config(tiny(tmp_path, *scaled, "training.lr=0.5", "training.weight_decay=0.5"))
+    assert str(exc.value).startswith(
+        "training.lr_scaling=linear makes training.lr=0.5 2 at batch 8 (reference 2)"
+    )
+    # lr x weight_decay: 0.3 as written, 1.2 at this batch
+    with pytest.raises(ConfigError, match=r"weight_decay=1\.5 with training\.lr=0\.8"):
+        config(tiny(tmp_path, *scaled, "training.lr=0.2", "training.weight_decay=1.5"))
+    config(tiny(tmp_path, *scaled, "training.lr=0.2", "training.weight_decay=1.0"))  # 0.8: ok
+
+
+def test_the_profiler_window_is_refused_in_the_steps_it_is_written_in(tmp_path):
+    overrides = (*BY_DATA, "training.effective_batch_size=16", "training.profiler.steps=1")
+    config(tiny(tmp_path, *overrides, "training.profiler.start_step=10"))  # step 5 of 6
+    with pytest.raises(ConfigError) as exc:
+        config(tiny(tmp_path, *overrides, "training.profiler.start_step=11"))
+    assert str(exc.value) == (
+        "training.profiler.start_step=11 is not a step of this run (training.max_samples=96: "
+        "6 steps); allowed: 0..10 (steps of training.reference_batch=8)"
+    )
+
+
+@pytest.mark.slow
+def test_a_data_budget_resumes_only_at_the_batch_it_was_trained_with(tmp_path):
+    base = tiny(tmp_path, *BY_DATA, "training.effective_batch_size=8")
+    crash = ["faults.oom_above_micro_batch=0", "faults.oom_from_step=4",
+             "training.auto_batch.oom_recovery=false"]  # fmt: skip
+    with pytest.raises(TrainingOOM):
+        run_training(config([*base, *crash]), tmp_path / "first")
+    other = [*base, "training.effective_batch_size=16", f"training.resume={tmp_path / 'first'}"]
+    with pytest.raises(ConfigError, match="resumes only at the same batch"):
+        run_training(config(other), tmp_path / "second")

@@ -106,7 +106,7 @@ def test_auto_micro_batch_leaves_two_micro_batches_per_step_for_it(tmp_path):
     [
         (
             ["training.micro_batch_size=8"],
-            "training.micro_batch_size=8 is the whole effective batch; allowed: 1..4 (or auto)",
+            "training.micro_batch_size=8 is the whole effective batch; allowed: 1..7 (or auto)",
         ),
         (
             ["training.effective_batch_size=1", "training.micro_batch_size=auto"],

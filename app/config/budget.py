@@ -94,14 +94,16 @@ class Budget:
     def checkpoints(self, done: int) -> bool:
         return self.due(done, self.checkpoint_every) or done == self.max_steps
 
-    def mark(self, done: int) -> int:
-        """Where step `done` reports on the study's axis: the mark it crossed (the same for
-        every batch size), the budget itself at the last step."""
-        if done >= self.max_steps:
-            return self.total
-        if self.unit == "steps":
-            return done
-        return self.seen(done) // self.eval_every * self.eval_every
+    def marks(self, done: int) -> list[int]:
+        """Where step `done` reports on the study's axis: each mark it crossed (the same marks
+        for every batch size; one step of a large batch may cross several, and a pruner's rung
+        may be any of them), the budget itself at the last step."""
+        if self.unit == "steps" or done == 0:
+            return [min(done, self.total)]
+        every = self.eval_every
+        crossed = range(self.seen(done - 1) // every + 1, self.seen(done) // every + 1)
+        out = [k * every for k in crossed if k * every < self.total]
+        return [*out, self.total] if done >= self.max_steps else out
 
     def evaluations_after(self, start: int) -> int:
         """How many of steps start+1 .. max_steps evaluate, counted without a pass."""
@@ -109,6 +111,8 @@ class Budget:
         if start >= last:
             return 0
         every = self.eval_every
+        if every <= self.per_step:  # every step crosses a mark
+            return last - start
         crossed = self.seen(last) // every - self.seen(start) // every
         return crossed + (0 if self.due(last, every) else 1)
 
@@ -184,16 +188,50 @@ def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> Budget:
 
 
 def check_budget(t: TrainingConfig, tokens_per_sample: int | None) -> None:
-    """The budget resolves (one is set; tokens only for packed samples) and the profiler's
-    window holds a step of it."""
+    """The budget resolves (one is set; tokens only for packed samples), the profiler's window
+    holds a step of it, and the learning rate lr_scaling gives this batch is one the optimizer
+    takes."""
     budget = budget_of(t, tokens_per_sample)
     p, last = budget.profiler, budget.max_steps
     if p.steps and p.start_step >= last:
-        steps = "" if budget.unit == "steps" else f": {last} steps"
         raise ConfigError(
-            f"training.profiler.start_step={t.profiler.start_step} is not a step of this "
-            f"run ({budget.setting}={budget.total}{steps}); allowed: 0..{last - 1}"
+            f"training.profiler.start_step={t.profiler.start_step} is not a step of this run "
+            f"({_length(budget)}); allowed: 0..{_last_start(t, budget)}"
         )
+    if budget.lr_factor != 1.0:
+        _check_scaled_lr(t, budget)
+
+
+def _length(budget: Budget) -> str:
+    steps = "" if budget.unit == "steps" else f": {budget.max_steps} steps"
+    return f"{budget.setting}={budget.total}{steps}"
+
+
+def _last_start(t: TrainingConfig, budget: Budget) -> str:
+    """The last profiler start_step of this run, in the unit the setting is read in."""
+    if budget.unit == "steps":
+        return str(budget.max_steps - 1)
+    ref, batch = t.reference_batch, t.effective_batch_size
+    s = math.floor(budget.max_steps * batch / ref) + 1
+    while s > 0 and max(1, round(s * ref / batch)) >= budget.max_steps:
+        s -= 1
+    return f"{s} (steps of training.reference_batch={ref})"
+
+
+def _check_scaled_lr(t: TrainingConfig, budget: Budget) -> None:
+    """training.lr is checked as written; the rate scaled to this batch must pass too."""
+    from app.components.optim import OPTIMIZERS
+
+    how = (
+        f"training.lr_scaling={t.lr_scaling} makes training.lr={t.lr:g} "
+        f"{budget.lr:.4g} at batch {t.effective_batch_size} (reference {t.reference_batch})"
+    )
+    if budget.lr > 1.0:
+        raise ConfigError(f"{how}; allowed: a scaled learning rate in (0, 1]")
+    try:
+        OPTIMIZERS.get(t.optimizer).check(dataclasses.replace(t, lr=budget.lr))
+    except ConfigError as exc:
+        raise ConfigError(f"{how}: {exc}") from None
 
 
 def report_axis(t: TrainingConfig, tokens_per_sample: int | None) -> ReportAxis:

@@ -18,7 +18,7 @@ class BatchSizeStudyConfig:
     steps and samples its best learning rate took to reach target_loss, and the critical batch
     size (app/studies/batch_size.py), in optimization_results.yaml and batch_size_study.png."""
 
-    # null: the highest of the batch sizes' best final losses (the lowest every one reached)
+    # null: the lowest loss that three batch sizes reach before the end of their runs
     target_loss: float | None = None
 
 

@@ -154,7 +154,7 @@ class TrainingConfig:
             raise ConfigError(
                 f"training.noise_scale=true compares one micro-batch's gradient with the whole "
                 f"step's, but training.micro_batch_size={fixed} is the whole effective batch; "
-                f"allowed: 1..{self.effective_batch_size // 2} (or auto)"
+                f"allowed: 1..{self.effective_batch_size - 1} (or auto)"
             )
 
     def _check_batch(self) -> None:

@@ -116,8 +116,8 @@ def eval_and_report(run: Run, step: int, summary: Summary) -> dict[str, float]:
         run.observers.logger.log(step, {**logged, **run.budget.data_seen(step)})
     reported = {m.reported: values[m.name] for m in metrics}
     reported.update({m.final: values[m.name] for m in metrics})
-    mark = run.budget.mark(step)
-    pruned = run.observers.reporter.report(mark, reported)  # rank 0's; the others' say no
+    # rank 0's answer (the others' say no); a step that crossed several marks reports at each
+    pruned = any([run.observers.reporter.report(m, reported) for m in run.budget.marks(step)])
     # Under torchrun every rank must stop after the same step: rank 0's word reaches them all.
     if any_rank(pruned, run.dist, run.device) and step < run.budget.max_steps:
         shown = ", ".join(f"{m.name} {values[m.name]:.4f}" for m in metrics)

@@ -184,8 +184,10 @@ def resume_checkpoint(config: TrainConfig, run_dir: Path) -> Path | None:
     if found is None:
         return None
     state = ckpt.load_checkpoint(found, mmap=True)
-    check_resume_matches(config, found, saved_run_config(found, state.config))
+    saved = saved_run_config(found, state.config)
+    check_resume_matches(config, found, saved)
     budget = config.budget()
+    check_resume_batch(config, found, saved, budget.unit)
     if int(state.step) >= budget.max_steps:
         steps = "" if budget.unit == "steps" else f", {budget.max_steps} steps"
         raise AlreadyComplete(
@@ -201,6 +203,8 @@ def model_identity(config: TrainConfig) -> dict[str, Any]:
         "task": dataclasses.asdict(config.task),
         "model": dataclasses.asdict(config.model),
         "data": dataclasses.asdict(config.data),
+        # A checkpoint's step counts data only at its batch (a data budget's resume checks it)
+        "training": {"effective_batch_size": config.training.effective_batch_size},
     }
 
 
@@ -220,6 +224,21 @@ def check_resume_matches(
                 f"training.resume={checkpoint}: the checkpoint was trained with {key}={old}, this "
                 f"run has {key}={new}; resume with the same model or start a new run"
             )
+
+
+def check_resume_batch(
+    config: TrainConfig, checkpoint: Path, saved: dict[str, Any] | None, unit: str
+) -> None:
+    """Under a data budget a checkpoint's step is data seen only at the batch it trained with:
+    resumed at another, the data seen and the marks reported would be wrong."""
+    old = _select(saved or {}, "training.effective_batch_size")
+    new = config.training.effective_batch_size
+    if unit != "steps" and old is not None and old != new:
+        raise ConfigError(
+            f"training.resume={checkpoint}: the checkpoint was trained with "
+            f"training.effective_batch_size={old}, this run has {new}; a budget in {unit} "
+            f"resumes only at the same batch: set training.effective_batch_size={old}"
+        )
 
 
 def _select(tree: dict[str, Any], dotted: str) -> Any:

@@ -109,6 +109,7 @@ class OptunaSweeperImpl(Sweeper):
             _cap_to_grid(s, grid_size(space.grid()))
         schedule = EvalSchedule.of(job_cfg)
         _warn_unequal_data(space, schedule)
+        _check_batch_study(s, schedule)
         pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions), schedule)
         judged_by = build_pruner(s.pruner, s.pruner_args, 1, schedule)  # the report metric's
         self.fleet = plan_fleet_of(self, s, arguments)
@@ -263,3 +264,14 @@ def _warn_unequal_data(space: SearchSpace, schedule: EvalSchedule | None) -> Non
             "max_tokens) and training.max_steps=null to compare them at equal data",
             BATCH_KEY,
         )
+
+
+def _check_batch_study(s: SweepSettings, schedule: EvalSchedule | None) -> None:
+    """The batch-size study reads its trials' curves as samples seen."""
+    if s.batch_size_study is None or (schedule is not None and schedule.unit == "samples"):
+        return
+    unit = "no training budget" if schedule is None else f"a budget in {schedule.unit}"
+    raise SweepConfigError(
+        f"hpo.batch_size_study compares batches at equal samples, but the job has {unit}; set "
+        "training.max_samples (and training.max_steps=null, training.max_tokens=null)"
+    )

@@ -67,8 +67,9 @@ def auto_plan(
     per_rank = math.ceil(t.effective_batch_size / dist.world_size)
     cap = ab.cpu_max_micro_batch if device.type == "cpu" else ab.max_micro_batch
     upper = max(1, min(per_rank, cap))
-    if t.noise_scale:  # its estimate compares two micro-batch sizes: at least two per step
-        upper = max(1, min(upper, per_rank // 2))
+    # The noise scale compares two micro-batch sizes: at least two a step. Probed to the whole
+    # share still, so the throughput found for this batch does not depend on it.
+    pick = max(1, min(upper, per_rank // 2)) if t.noise_scale else upper
     limit = memory_limit(device, setup.machine.preset, ab)
     key = cache_key(setup, model)
     path = cache_path(setup.cache_dir, key) if setup.cache_dir is not None else None
@@ -83,7 +84,7 @@ def auto_plan(
         source, stats = "probed", probe.stats()
         if path is not None and dist.is_main:
             merge_entry(path, key, trials, upper)
-    micro, chosen_by = choose(trials, limit, upper, per_rank, ab.throughput_aware)
+    micro, chosen_by = choose(trials, limit, pick, per_rank, ab.throughput_aware)
     micro = agree_across_ranks(micro, dist, device.torch_device)
     details = {
         **stats,
