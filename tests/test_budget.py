@@ -319,7 +319,7 @@ def test_a_learning_rate_scaled_past_what_the_optimizer_takes_is_refused(tmp_pat
     with pytest.raises(ConfigError) as exc:
         config(tiny(tmp_path, *scaled, "training.lr=0.5", "training.weight_decay=0.5"))
     assert str(exc.value).startswith(
-        "training.lr_scaling=linear makes training.lr=0.5 2 at batch 8 (reference 2)"
+        "training.lr_scaling=linear makes training.lr=0.5 a rate of 2 at batch 8 (reference 2)"
     )
     # lr x weight_decay: 0.3 as written, 1.2 at this batch
     with pytest.raises(ConfigError, match=r"weight_decay=1\.5 with training\.lr=0\.8"):

@@ -223,7 +223,7 @@ def _check_scaled_lr(t: TrainingConfig, budget: Budget) -> None:
     from app.components.optim import OPTIMIZERS
 
     how = (
-        f"training.lr_scaling={t.lr_scaling} makes training.lr={t.lr:g} "
+        f"training.lr_scaling={t.lr_scaling} makes training.lr={t.lr:g} a rate of "
         f"{budget.lr:.4g} at batch {t.effective_batch_size} (reference {t.reference_batch})"
     )
     if budget.lr > 1.0:
