@@ -70,12 +70,12 @@ def test_steps_halving_all_the_way_puts_the_critical_batch_above_the_batches_tri
 def test_without_a_target_three_batch_sizes_reach_it_before_their_end():
     lows = {8: 1.0, 16: 1.5, 32: 2.0, 64: 2.5}  # each batch's lowest loss before its end
     trials = [
-        BatchTrial(b, 3e-3, low - 0.3, [(100, 3.0), (200, low), (300, low - 0.3)])
+        BatchTrial(b, 3e-3, low - 0.7, [(100, 3.0), (200, low), (300, low - 0.7)])
         for b, low in lows.items()
     ]
     result = analyse(trials)
     assert result.target_loss == 2.0
-    # Batch 64 gets below 2.0 only at its last report: not reached within its budget.
+    # Batch 64 gets below 2.0 (to 1.8) only at its last report: not reached within its budget.
     reached = [r.samples_to_target for r in result.rows]
     assert reached == [150.0, pytest.approx(100 + 100 / 1.5), 200.0, None]
 
