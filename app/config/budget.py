@@ -118,10 +118,10 @@ class Budget:
 
     # -- what the banner and summary.json say ---------------------------------------------------
 
-    def describe(self, effective_batch: int) -> str:
+    def describe(self) -> str:
         """The banner's line: where the steps came from."""
         if self.unit == "steps":
-            return f"{self.max_steps:,} steps ({self.setting}) of {effective_batch} samples"
+            return f"{self.max_steps:,} steps ({self.setting}) of {self.batch} samples"
         seen = self.seen(self.max_steps)
         over = f", {seen:,} {self.unit} seen" if seen != self.total else ""
         warmup = round(self.warmup_steps * self.per_step)

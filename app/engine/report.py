@@ -50,9 +50,10 @@ def record_budget(summary: Summary, run: Run, config: TrainConfig) -> None:
     b, t = run.budget, config.training
     summary.budget_setting, summary.budget, summary.budget_unit = b.setting, b.total, b.unit
     summary.max_steps, summary.warmup_steps = b.max_steps, b.warmup_steps
-    summary.lr, summary.lr_scaling, summary.lr_reference_batch = b.lr, t.lr_scaling, None
-    if t.lr_scaling != "none" or b.unit != "steps":
-        summary.lr_reference_batch = t.reference_batch
+    summary.lr, summary.lr_scaling = b.lr, t.lr_scaling
+    # The reference batch means something only where it scales the LR or the step counts
+    uses_reference = t.lr_scaling != "none" or b.unit != "steps"
+    summary.lr_reference_batch = t.reference_batch if uses_reference else None
 
 
 def lr_line(run: Run, config: TrainConfig) -> str:
@@ -102,7 +103,7 @@ def print_banner(summary: Summary, run: Run, machine: Machine, config: TrainConf
         *([f"autobatch  {how}"] if (how := describe_choice(run.plan)) else []),
         f"{step}, {summary.num_params:,} parameters",
         memory_line(summary.model_state_bytes, whole_model_bytes(run.raw_model), run.dist),
-        f"budget     {run.budget.describe(run.plan.effective_batch_size)}",
+        f"budget     {run.budget.describe()}",
         lr_line(run, config),
         eval_line(run),
         f"steps      {run.start_step} -> {run.budget.max_steps}; run dir {run.run_dir}",
