@@ -58,11 +58,16 @@ def test_goals_say_met_or_missed_with_their_figures():
     g = goals(studies)
     assert g["default_within_third_of_unpruned_wall"]["met"]  # 90 <= 300 / 3
     assert g["default_under_half_of_trainer"]["met"]  # 90 < 200 / 2
-    assert not g["asha_keeps_the_best"]["met"]  # 1.05 != 1.0
+    assert not g["asha_within_1pct_of_the_best"]["met"]  # 1.05 > 1.0 * 1.01
+    assert g["asha_steps_within_default_plus_20pct"]["met"]  # 10 <= 10 * 1.2
     report = {"reference_best": 1.0, "studies": studies, "same_configurations": {}, "goals": g}
     table = peers_table(report)
     assert "| default | complete: 1 | 120 | 0 | 10 | 1.0000 | 90 | 0.30 | 10 |" in table
-    assert "goal asha_keeps_the_best: MISSED" in table
+    assert "goal asha_within_1pct_of_the_best: MISSED" in table
+    asha["best_value"], asha["optimizer_steps"] = 1.009, 13
+    g = goals(studies)
+    assert g["asha_within_1pct_of_the_best"]["met"]
+    assert not g["asha_steps_within_default_plus_20pct"]["met"]  # 13 > 12
 
 
 def test_configurations_are_compared_line_by_line_in_order():

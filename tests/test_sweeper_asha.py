@@ -339,3 +339,149 @@ def test_two_workers_at_once_promote_each_paused_trial_once(tmp_path):
             paused = trials[t.system_attrs[PROMOTED_FROM]]
             assert _summary(t)["resumed_from"] == paused.user_attrs["run_dir"]
     assert any(t.state == TrialState.COMPLETE for t in trials)
+
+
+# -- what the sampler sees: one observation per line ---------------------------------------------
+
+
+class _Recording(optuna.samplers.RandomSampler):
+    """A sampler that keeps what it was shown of the study each time it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.seen: list[list[optuna.trial.FrozenTrial]] = []
+
+    def infer_relative_search_space(self, study, trial):
+        self.seen.append(
+            study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        )
+        return {}
+
+
+def _paused_then_completed(study: optuna.Study) -> int:
+    """Trial 0 paused at 20 (2.5), promoted as a new trial that completes at 120 (0.5)."""
+    first, _ = _reach_rung(study, 2.5)
+    paused = study.get_trials()[first]
+    copy = optuna.trial.create_trial(
+        state=TrialState.COMPLETE,
+        params=paused.params,
+        distributions=paused.distributions,
+        value=0.5,
+        intermediate_values={**paused.intermediate_values, 60: 1.0, 120: 0.5},
+        system_attrs={"hpo:root": first, PROMOTED_FROM: first, UNCOUNTED: True},
+    )
+    study.add_trial(copy)
+    return first
+
+
+def test_the_sampler_sees_a_paused_and_promoted_configuration_once_with_its_furthest_result(
+    tmp_path,
+):
+    from hydra_plugins.hydratrain_optuna_sweeper._line_sampler import LineSampler
+
+    inner = _Recording()
+    study = optuna.create_study(
+        study_name="s",
+        storage=journal(str(tmp_path / "s.journal")),
+        sampler=LineSampler(inner),
+        pruner=_asha(),
+    )
+    first = _paused_then_completed(study)
+    other, _ = _reach_rung(study, 3.0)  # a line of one trial, paused
+    study.ask().suggest_float("x", 0, 1)  # the sampler is asked
+    seen = inner.seen[-1]
+    assert [t.number for t in seen] == [first, other]  # not the promoted copy (trial 1)
+    line = seen[0]
+    assert line.state == TrialState.COMPLETE and line.value == 0.5
+    assert line.intermediate_values[120] == 0.5 and line.params == study.trials[first].params
+    assert seen[1].state == TrialState.PRUNED and seen[1].value == 3.0
+    # The study itself is untouched: every trial, as recorded.
+    assert len(study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))) == 3
+    assert study.trials[first].state == TrialState.PRUNED
+
+
+def test_a_running_promotion_leaves_the_paused_result_as_the_lines_one_observation(tmp_path):
+    from hydra_plugins.hydratrain_optuna_sweeper._lineage import observations
+
+    study = _study(tmp_path)
+    for value in (1.0, 2.0, 3.0):
+        _reach_rung(study, value)
+    budget = StudyBudget(study, 3, None, LIVE, promoter=Promoter(study, study, 3))
+    budget.next_trials(1)  # the promotion of trial 0, now running
+    seen = observations(study.get_trials(deepcopy=False))
+    assert [(t.number, t.state) for t in seen] == [
+        (0, TrialState.PRUNED),
+        (1, TrialState.PRUNED),
+        (2, TrialState.PRUNED),
+    ]
+
+
+@pytest.mark.parametrize("pruner, wrapped", [("asha", True), ("successive_halving", False)])
+def test_an_asha_study_hands_its_sampler_one_observation_per_line(pruner, wrapped):
+    from hydra_plugins.hydratrain_optuna_sweeper._impl import _sampler
+    from hydra_plugins.hydratrain_optuna_sweeper._line_sampler import LineSampler, unwrapped
+    from hydra_plugins.hydratrain_optuna_sweeper._settings import StockKeys, read_settings
+    from hydra_plugins.hydratrain_optuna_sweeper._space import Entry, parse_space
+
+    node = OmegaConf.create({"n_trials": 3, "pruner": pruner})
+    s = read_settings(StockKeys(stock_node=False), node, "/tmp/sweep")
+    sampler = _sampler(s, parse_space([Entry("p", "x=interval(0.0, 1.0)")]))
+    assert isinstance(sampler, LineSampler) is wrapped
+    assert isinstance(unwrapped(sampler), optuna.samplers.TPESampler)  # the user's, inside
+
+
+# -- the end of a trial budget ---------------------------------------------------------------------
+
+
+def _finished(study: optuna.Study, curve: dict[int, float], paused_at: int | None = None) -> int:
+    """A trial of parameter x that reported `curve`: paused at its last step, or complete."""
+    x = optuna.distributions.FloatDistribution(0, 1)
+    last = max(curve)
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.PRUNED if paused_at else TrialState.COMPLETE,
+            params={"x": len(study.trials) / 100},
+            distributions={"x": x},
+            value=None if paused_at else curve[last],
+            intermediate_values=curve,
+            user_attrs={"run_dir": f"/runs/{len(study.trials)}", "reason": "paused"}
+            if paused_at
+            else {},
+            system_attrs={PAUSED: paused_at} if paused_at else {},
+        )
+    )
+    return len(study.trials) - 1
+
+
+def test_a_paused_trial_that_leads_its_rung_is_promoted_to_the_top_before_the_study_ends(
+    tmp_path,
+):
+    """Six lines reached the first rung (20); its top two went on to the second (60). One of
+    them completed; the other, better at 60, was paused there: 2 lines at that rung, floor(2 / 3)
+    = 0 qualify while trials keep coming. The trial budget is spent: successive halving would
+    send the rung's best on, so asha does too, before the study ends."""
+    study = _study(tmp_path)
+    done = _finished(study, {20: 1.5, 60: 1.0, 120: 0.8})
+    best = _finished(study, {20: 1.6, 60: 0.9}, paused_at=60)
+    for value in (2.0, 2.1, 2.2, 2.3):
+        _finished(study, {20: value}, paused_at=20)
+    budget = StudyBudget(study, 6, None, LIVE, promoter=Promoter(study, study, 3))
+    assert budget.next_trials(1) == []  # the budget is spent and nothing qualifies yet
+    assert budget.promote_at_end()  # nothing runs: the rung's best goes on
+    (copy,) = budget.next_trials(1)
+    assert private.frozen(study, copy).system_attrs[PROMOTED_FROM] == best
+    study.tell(copy, 0.7)  # it completed: the rung's best went on, nothing else qualifies
+    assert not budget.promote_at_end() and budget.next_trials(1) == []
+    assert study.best_trial.value == 0.7 and study.trials[done].value == 0.8
+
+
+def test_nothing_is_promoted_at_the_end_while_a_trial_still_runs(tmp_path):
+    """A running trial may still reach a rung and change who leads it: the end waits for it."""
+    study = _study(tmp_path)
+    _finished(study, {20: 1.5, 60: 1.0, 120: 0.8})
+    _finished(study, {20: 1.6, 60: 0.9}, paused_at=60)
+    for value in (2.0, 2.1, 2.2, 2.3):
+        _finished(study, {20: value}, paused_at=20)
+    study.ask()  # another worker's trial, running
+    budget = StudyBudget(study, 6, None, LIVE, promoter=Promoter(study, study, 3))
+    assert not budget.promote_at_end()

@@ -102,3 +102,43 @@ def test_hydras_deprecation_warning_warns_or_raises_as_the_environment_says(monk
     monkeypatch.setenv("HYDRA_DEPRECATION_WARNINGS_AS_ERRORS", "1")
     with pytest.raises(HydraDeprecationError, match="old key"):
         private.hydra_deprecation_warning("old key")
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        lambda: optuna.samplers.TPESampler(seed=0, n_startup_trials=2),
+        lambda: optuna.samplers.TPESampler(seed=0, n_startup_trials=2, constant_liar=True),
+        lambda: optuna.samplers.RandomSampler(seed=0),
+        lambda: optuna.samplers.NSGAIISampler(seed=0, population_size=2),
+    ],
+)
+def test_a_sampler_reads_the_trials_a_study_seen_as_shows_it(study, sampler):
+    """Every read a sampler makes (the private _get_trials, cached or not, get_trials and
+    trials) goes through the function; the study's storage and its trials are untouched."""
+    for x in (0.1, 0.2, 0.3):
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": x},
+                distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
+                value=x,
+            )
+        )
+    calls = []
+
+    def first_two(trials):
+        calls.append(len(trials))
+        return trials[:2]
+
+    seen = private.trials_seen_as(study, first_two)
+    assert [t.value for t in seen.trials] == [0.1, 0.2]
+    assert len(seen.get_trials(states=(TrialState.COMPLETE,))) == 2
+    assert len(seen._get_trials(deepcopy=False, use_cache=True)) == 2
+    s = sampler()
+    trial = study.ask()
+    frozen = private.frozen(study, trial)
+    space = s.infer_relative_search_space(seen, frozen)
+    s.sample_relative(seen, frozen, space)
+    value = s.sample_independent(seen, frozen, "x", optuna.distributions.FloatDistribution(0, 1))
+    assert 0 <= value <= 1 and calls
+    assert len(study.trials) == 4 and seen.study_name == study.study_name

@@ -14,7 +14,8 @@ from app.bench.batch_budget import batch_budget_table, run_batch_budget_bench
 from app.bench.fleet import fleet_table, run_fleet_bench
 from app.bench.hpo import hpo_table, run_hpo_bench
 from app.bench.hpo_peers import CONTENDERS as HPO_PEERS
-from app.bench.hpo_peers import peers_table, run_peers_bench
+from app.bench.hpo_peers import SAMPLERS as PEER_SAMPLERS
+from app.bench.hpo_peers import peers_tables, run_peers_bench
 from app.bench.micro import adamw_step_times, adamw_table, measure_startup, startup_table
 from app.bench.parallel import parallel_table, run_parallel_bench
 from app.bench.profiles import CONTENDERS, PROFILES
@@ -51,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         print(batch_budget_table(report))
     elif args.hpo_peers:
         peers = args.peers.split(",") if args.peers else list(HPO_PEERS)
-        report = {"machine": machine_info(), **run_peers_bench(args.overrides, peers)}
-        print(peers_table(report))
+        samplers = args.samplers.split(",")
+        report = {"machine": machine_info(), **run_peers_bench(args.overrides, peers, samplers)}
+        print(peers_tables(report))
     elif args.ablate:
         report = run_ablations(args)
         print(ablation_table(report))
@@ -101,6 +103,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seeds", default="0,1", help="batch-budget: comma-separated seeds")
     p.add_argument("--peers", help=f"hpo-peers: comma-separated subset of {','.join(HPO_PEERS)}")
+    p.add_argument(
+        "--samplers",
+        default=",".join(PEER_SAMPLERS),
+        help="hpo-peers: comma-separated subset of " + ",".join(PEER_SAMPLERS),
+    )
     p.add_argument("--json", help="where to write the JSON report")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one spec file
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every contender")

@@ -7,8 +7,11 @@ top floor(n / eta) of the n trials that reached that rung so far, itself include
 is paused: its run saves a checkpoint of that step and stops. With fewer than eta trials at a
 rung floor(n / eta) is 0, so the first trials of a study are paused there rather than judged
 against fewer than eta others. A worker asking for work first promotes the best paused trial
-that now qualifies (the highest rung first), then samples a new one. A promoted trial resumes
-from its checkpoint exactly; one that is never promoted stays PRUNED with its last value.
+that now qualifies (the highest rung first), then samples a new one. When the trial budget is
+spent and nothing runs, each rung also sends on its best line if it has not gone on yet (a rung
+of fewer than eta lines included), so the best configuration reaches the top before the study
+ends, as in successive halving. A promoted trial resumes from its checkpoint exactly; one that
+is never promoted stays PRUNED with its last value.
 
 How a pause is recorded. Optuna has no PAUSED state, and a finished trial cannot be changed:
 
@@ -127,33 +130,21 @@ class Promoter:
         self.reports = reports
         self.eta = eta
 
-    def promote(self) -> bool:
-        """Queue the best paused trial that qualifies now; False when none does."""
+    def promote(self, final: bool = False) -> bool:
+        """Queue the best paused trial that qualifies now; False when none does.
+
+        `final`: the study asks for no new trial (its trial budget is spent) and nothing runs
+        or waits, so every rung holds all the lines it will ever hold. Then each rung sends on
+        at least its best line, as successive halving's bracket does: a rung that ended with
+        fewer than eta lines (floor(n / eta) = 0) would otherwise keep its best paused, and a
+        study whose trials were all paused would end with no result."""
         trials = self.study.get_trials(deepcopy=False)
-        chosen = self.candidate(trials)
+        if final and any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials):
+            return False
+        chosen = self.candidate(trials, final)
         if chosen is None:
             return False
         self._queue(chosen)
-        return True
-
-    def promote_last(self) -> bool:
-        """With nothing running or queued and no trial completed, the best paused trial of
-        the highest rung, qualified or not: a study of fewer trials than eta per rung still
-        ends with a result."""
-        trials = self.study.get_trials(deepcopy=False)
-        busy = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
-        if any(t.state in busy for t in trials):
-            return False
-        paused = [t for t in heads(trials).values() if is_paused(t)]
-        if not paused:
-            return False
-        step = max(int(t.system_attrs[PAUSED]) for t in paused)
-        values = rung_values(self._reported(trials), step)
-        here = {root(t): t for t in paused if t.system_attrs[PAUSED] == step and root(t) in values}
-        best = [r for r in ranked(values, maximizes(self.reports)) if r in here]
-        if not best:
-            return False
-        self._queue(here[best[0]])
         return True
 
     def _reported(self, trials: list[FrozenTrial]) -> list[FrozenTrial]:
@@ -167,7 +158,7 @@ class Promoter:
             chosen.system_attrs[PAUSED],
         )
 
-    def candidate(self, trials: list[FrozenTrial]) -> FrozenTrial | None:
+    def candidate(self, trials: list[FrozenTrial], final: bool = False) -> FrozenTrial | None:
         paused = [t for t in heads(trials).values() if is_paused(t)]
         if not paused:
             return None
@@ -176,7 +167,8 @@ class Promoter:
         for step in sorted({int(t.system_attrs[PAUSED]) for t in paused}, reverse=True):
             here = {root(t): t for t in paused if t.system_attrs[PAUSED] == step}
             values = rung_values(reported, step)
-            for r in ranked(values, maximize)[: len(values) // self.eta]:
+            quota = len(values) // self.eta
+            for r in ranked(values, maximize)[: max(1, quota) if final else quota]:
                 if r in here:
                     return here[r]
         return None

@@ -27,6 +27,7 @@ from ._cost import CostCap
 from ._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
 from ._fleet_plan import fleet_worker, seeded_for_worker
 from ._fleet_run import Fleet, plan_fleet_of
+from ._line_sampler import LineSampler, unwrapped
 from ._results import check_completed
 from ._samplers import EvalSchedule, build_pruner, build_sampler, grid_size
 from ._settings import StockKeys, SweepSettings, read_settings
@@ -102,11 +103,7 @@ class OptunaSweeperImpl(Sweeper):
         hook = load_hook(s.search_space_fn, s.search_space_key)
         job_cfg = check_space(self._compose, space, str(self.config.hydra.job.config_name))
         check_objectives(job_cfg, s)
-        sampler = build_sampler(
-            seeded_for_worker(s.sampler), s.sampler_key, space.grid, len(s.directions), s.reports
-        )
-        if isinstance(sampler, optuna.samplers.GridSampler):  # as stock: at most the grid
-            _cap_to_grid(s, grid_size(space.grid()))
+        sampler = _sampler(s, space)
         schedule = EvalSchedule.of(job_cfg)
         _warn_unequal_data(space, schedule)
         _check_batch_study(s, schedule)
@@ -122,7 +119,7 @@ class OptunaSweeperImpl(Sweeper):
             study.study_name,
             self.mask(s.storage.text),
             _budget_text(s),
-            type(sampler).__name__,
+            type(unwrapped(sampler)).__name__,
             type(judged_by if judge.companion is not None else pruner).__name__,
             _axis_text(schedule),
         )
@@ -138,7 +135,8 @@ class OptunaSweeperImpl(Sweeper):
             job_storage=job_storage(s.storage, self.mask),
             mask=self.mask,
             # CmaEsSampler ignores constraints, and warns about each trial that has one.
-            constraints=s.reports and not isinstance(sampler, optuna.samplers.CmaEsSampler),
+            constraints=s.reports
+            and not isinstance(unwrapped(sampler), optuna.samplers.CmaEsSampler),
             judge=judge,
         )
 
@@ -182,6 +180,17 @@ class OptunaSweeperImpl(Sweeper):
         Path(sweep_dir).mkdir(parents=True, exist_ok=True)
         text = self.mask(OmegaConf.to_yaml(self.config))
         Path(sweep_dir, "multirun.yaml").write_text(text)
+
+
+def _sampler(s: SweepSettings, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    sampler = build_sampler(
+        seeded_for_worker(s.sampler), s.sampler_key, space.grid, len(s.directions), s.reports
+    )
+    if isinstance(sampler, optuna.samplers.GridSampler):  # as stock: at most the grid
+        _cap_to_grid(s, grid_size(space.grid()))
+    if s.pruner == "asha":  # a paused trial and its promotion are one observation
+        return LineSampler(sampler)
+    return sampler
 
 
 def _judge(study: optuna.Study, s: SweepSettings, pruner: Any) -> Judge:

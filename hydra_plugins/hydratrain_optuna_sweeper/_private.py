@@ -9,6 +9,9 @@ trial that another worker finished meanwhile raises `UpdateFinishedTrialError` f
 4.1 on, a plain RuntimeError before: `finished_trial_guard` turns both into `TrialFinished`.
 The stock sweeper warns about its legacy `search_space` node through Hydra's internal
 `deprecation_warning`, which honours HYDRA_DEPRECATION_WARNINGS_AS_ERRORS: so does ours.
+Optuna's samplers read a study's trials through its private `_get_trials`: `trials_seen_as`
+gives a sampler a study whose trials (that method and the public ones built on it) are shown
+through a function, so that a line of trials is one observation (`_lineage.observations`).
 
 tests/test_sweeper_private_api.py exercises each function on every storage kind; CI runs it on
 Optuna 4.x as well as the installed 5.x (.ci/run).
@@ -17,7 +20,8 @@ Optuna 4.x as well as the installed 5.x (.ci/run).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import copy
+from collections.abc import Callable, Container, Iterator
 from typing import Any
 
 import optuna
@@ -106,3 +110,28 @@ def hydra_deprecation_warning(message: str) -> None:
     from hydra._internal.deprecation_warning import deprecation_warning
 
     deprecation_warning(message, stacklevel=3)
+
+
+class _StudySeenAs(optuna.Study):
+    """The same study (storage, id, cache, sampler) with its trials shown through `show`."""
+
+    def __init__(self, study: optuna.Study, show: Callable[[list[FrozenTrial]], list[FrozenTrial]]):
+        self.__dict__.update(study.__dict__)  # no Study.__init__: nothing is opened again
+        self._show = show
+
+    def _get_trials(
+        self,
+        deepcopy: bool = True,
+        states: Container[TrialState] | None = None,
+        use_cache: bool = False,
+    ) -> list[FrozenTrial]:
+        trials = self._show(super()._get_trials(deepcopy=False, states=None, use_cache=use_cache))
+        if states is not None:
+            trials = [t for t in trials if t.state in states]
+        return copy.deepcopy(trials) if deepcopy else trials
+
+
+def trials_seen_as(
+    study: optuna.Study, show: Callable[[list[FrozenTrial]], list[FrozenTrial]]
+) -> optuna.Study:
+    return _StudySeenAs(study, show)

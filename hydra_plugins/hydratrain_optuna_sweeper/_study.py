@@ -111,16 +111,15 @@ class Budget(abc.ABC):
             pass
         return trial
 
-    def promote_last(self) -> bool:
-        """Nothing else will run and no trial completed: promote the best paused trial anyway,
-        so that the study has a result (hpo.pruner=asha with fewer trials than its rungs
-        need)."""
+    def promote_at_end(self) -> bool:
+        """The budget is spent and nothing else runs: promote what each rung's best still
+        needs (hpo.pruner=asha; `Promoter.promote(final=True)`)."""
         if self.promoter is None:
             return False
         with budget_lock(self.lock_path):
             if self.cost is not None and self.cost.spent():
                 return False
-            return bool(self.promoter.promote_last())
+            return bool(self.promoter.promote(final=True))
 
     def _duplicate(self, trial: Trial) -> bool:
         if self.promoter is None:

@@ -119,7 +119,7 @@ class Worker:
                 return trials
             if self.s.liveness.wait_for_running and budget.others_running():
                 time.sleep(self.s.liveness.poll_interval)
-            elif not budget.promote_last():
+            elif not budget.promote_at_end():
                 return trials
 
     def _run_batch(self, trials: list[Trial]) -> None:
