@@ -24,7 +24,8 @@ How a pause is recorded. Optuna has no PAUSED state, and a finished trial cannot
 - a line's head (its newest trial) that is PRUNED with `hpo:paused` is paused now. All of it is
   in the storage, so a paused trial outlives the worker that ran it.
 
-A line (`_lineage.py`) counts once at a rung. With several objectives the reports, and so the
+A line (`_lineage.py`) counts once at a rung, and once to the sampler (`_line_sampler.py`):
+its furthest result, under the number of the trial the sampler drew. With several objectives the reports, and so the
 rungs, are the pruning companion's (`_companion.py`).
 """
 
