@@ -1,5 +1,6 @@
 """The shape of the code, checked: rooms of a readable size, arrows that point down, no circle,
-and the typed config below the entry. What the architecture promises (README, Layout) holds."""
+and the typed config below the entry. What the architecture promises (README, Layout) holds,
+for the app and for the sweeper (hydra_plugins/) alike."""
 
 from __future__ import annotations
 
@@ -9,31 +10,43 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "app"
+PACKAGES = ("app", "hydra_plugins")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 50
 
 
 def modules() -> dict[str, Path]:
-    """Every module of app/ by its dotted name."""
+    """Every module of app/ and hydra_plugins/ by its dotted name."""
     found = {}
-    for path in sorted(APP.rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        found[name] = path
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
     return found
 
 
 def imported(path: Path) -> set[str]:
-    """The app modules a file imports, anywhere in it (functions and TYPE_CHECKING too)."""
+    """The project's modules a file imports, anywhere in it (functions and TYPE_CHECKING too),
+    relative imports resolved."""
+    here = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    package = here.rpartition(".")[0]  # an __init__'s "." is its own package: the same
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names |= {f"{node.module}.{a.name}" for a in node.names}
-    return {n for n in names if n == "app" or n.startswith("app.")}
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, package)
+            names.add(base)
+            names |= {f"{base}.{a.name}" for a in node.names}
+    return {n for n in names if n.split(".")[0] in PACKAGES}
+
+
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    if node.level == 0:
+        return node.module or ""
+    parent = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+    return ".".join([*parent, *([node.module] if node.module else [])])
 
 
 def graph() -> dict[str, set[str]]:
@@ -126,7 +139,9 @@ def test_dictconfig_lives_only_in_the_entry_the_config_and_the_cli():
     users = [
         name
         for name, path in modules().items()
-        if "DictConfig" in path.read_text() and not name.startswith(allowed)
+        if name.startswith("app.")
+        and "DictConfig" in path.read_text()
+        and not name.startswith(allowed)
     ]
     assert not users, users
 
@@ -137,7 +152,7 @@ def test_the_sweeper_reaches_the_app_through_app_hpo_alone():
         f"{path.relative_to(ROOT)}: {n}"
         for path in plugin.rglob("*.py")
         for n in imported(path)
-        if n != "app.hpo" and not n.startswith("app.hpo.")
+        if n.startswith("app") and n != "app.hpo" and not n.startswith("app.hpo.")
     }
     # `from app.hpo import X` also lists app.hpo.X: names, not modules
     assert not {r for r in reached if not r.split(": ")[1].startswith("app.hpo")}, reached

@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from app.hpo import TrialAttrs
 from hydra_plugins.hydratrain_optuna_sweeper import reporter
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
+from hydra_plugins.hydratrain_optuna_sweeper._lineage import UNCOUNTED
 from hydra_plugins.hydratrain_optuna_sweeper._samplers import (
     EvalSchedule,
     build_pruner,
@@ -43,7 +44,6 @@ from hydra_plugins.hydratrain_optuna_sweeper._storage import (
     with_driver,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._study import (
-    UNCOUNTED,
     StudyBudget,
     fail_stale_trials,
 )

@@ -21,12 +21,11 @@ from optuna.trial import TrialState
 from hydra_plugins.hydratrain_optuna_sweeper import _private as private
 from hydra_plugins.hydratrain_optuna_sweeper._asha import PAUSED, AshaPruner, Promoter
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
-from hydra_plugins.hydratrain_optuna_sweeper._lineage import PROMOTED_FROM, root
+from hydra_plugins.hydratrain_optuna_sweeper._lineage import PROMOTED_FROM, UNCOUNTED, root
 from hydra_plugins.hydratrain_optuna_sweeper._samplers import EvalSchedule, build_pruner
 from hydra_plugins.hydratrain_optuna_sweeper._settings import Liveness
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 from hydra_plugins.hydratrain_optuna_sweeper._study import (
-    UNCOUNTED,
     StudyBudget,
     counted,
     requeue,

@@ -16,8 +16,8 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
+from hydra_plugins.hydratrain_optuna_sweeper._lineage import UNCOUNTED
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
-from hydra_plugins.hydratrain_optuna_sweeper._study import UNCOUNTED
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

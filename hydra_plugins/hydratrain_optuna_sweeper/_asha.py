@@ -25,8 +25,8 @@ How a pause is recorded. Optuna has no PAUSED state, and a finished trial cannot
   in the storage, so a paused trial outlives the worker that ran it.
 
 A line (`_lineage.py`) counts once at a rung, and once to the sampler (`_line_sampler.py`):
-its furthest result, under the number of the trial the sampler drew. With several objectives the reports, and so the
-rungs, are the pruning companion's (`_companion.py`).
+its furthest result, under the number of the trial the sampler drew. With several objectives
+the reports, and so the rungs, are the pruning companion's (`_companion.py`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ._lineage import PROMOTED_FROM, ROOT, heads, root
-from ._study import UNCOUNTED
+from ._lineage import PROMOTED_FROM, ROOT, UNCOUNTED, heads, root
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 ROOT = "hpo:root"  # system attr: the number of the line's first trial
 PROMOTED_FROM = "hpo:promoted_from"  # system attr of a promoted copy: the paused trial
+# System attr of a trial that holds no slot of hpo.n_trials: a promoted copy (its paused trial
+# holds it), a preempted trial (its re-queued copy does).
+UNCOUNTED = "hpo:uncounted"
 
 
 def root(t: FrozenTrial) -> int:

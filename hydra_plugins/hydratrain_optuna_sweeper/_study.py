@@ -31,14 +31,13 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from . import _private as private
-from ._lineage import copy_attrs, promoted
+from ._lineage import UNCOUNTED, copy_attrs, promoted
 from ._settings import Liveness
 from ._storage import retrying
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT = "hpo:heartbeat"
-UNCOUNTED = "hpo:uncounted"
 
 
 @contextlib.contextmanager
