@@ -58,6 +58,7 @@ CASES = [
         "is the whole effective batch",
     ),
     ("batch-zero", ["training.effective_batch_size=0"], "training.effective_batch_size=0"),
+    ("hpo-without-study", ["hpo.n_trials=5"], "no study to set (hpo is null); add hpo=optuna"),
     ("batch-absurd", ["training.effective_batch_size=1000000000"], "GiB of token ids"),
     ("micro-above", ["training.micro_batch_size=64"], "larger than training.effective_batch"),
     ("micro-word", ["training.micro_batch_size=big"], "must be auto or a positive integer"),
@@ -326,6 +327,7 @@ SWEEP_CASES = [
     ("fleet-per-run", ["hpo.workers=2", "hydra.sweeper.n_trials=3"], "study-wide budget"),
     ("ranks-memory", ["hpo.gpus_per_trial=2", "hpo.storage=memory"], "needs a study its ranks"),
     ("ranks-asha", ["hpo.gpus_per_trial=2", "hpo.pruner=asha"], "do not agree on a pause"),
+    ("sweep-cfg", ["--cfg", "job"], "to see a trial's config, run without -m"),
 ]
 
 
@@ -410,3 +412,15 @@ def test_the_docs_table_lists_every_case():
     for _, overrides, _ in CASES + SWEEP_CASES:
         shown = " ".join(o.replace("{tmp}", "<dir>") for o in overrides)
         assert f"`{shown}`" in table or f"`-m hpo=optuna {shown}`" in table, shown
+
+
+def test_a_study_config_run_without_m_says_it_is_one_plain_run(capsys):
+    from app.cli.preflight import preflight
+
+    preflight(["hpo=optuna", *TINY])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("note: a study is configured (hpo) but -m is not given")
+    assert "python -m app.train -m hpo=optuna" in line
+    preflight(["-m", "hpo=optuna", *TINY])  # the study: no note
+    preflight(TINY)  # no study: no note
+    assert capsys.readouterr().err == ""

@@ -83,6 +83,13 @@ def preflight(argv: list[str]) -> None:
     inv = split_argv(argv)
     if inv is None:
         return
+    if inv.multirun and not inv.runs_job:
+        fail(
+            "-m with --cfg, --package or --resolve: Hydra prints one job's config, not a "
+            "study's; to see a trial's config, run without -m with its overrides (they are in "
+            "<sweep dir>/<trial number>/.hydra/overrides.yaml): python -m app.train "
+            "hpo=optuna <overrides> --cfg job"
+        )
     try:
         cfg = compose(inv.config_name, _overrides(inv), return_hydra_config=True)
         if not inv.runs_job and not inv.multirun:
@@ -90,7 +97,34 @@ def preflight(argv: list[str]) -> None:
     except ConfigError as exc:
         fail(str(exc))
     except Exception as exc:  # Hydra/OmegaConf composition errors
-        fail(one_line(exc, inv.config_name))
+        fail(_without_study(inv) or one_line(exc, inv.config_name))
+    if inv.runs_job and not inv.multirun and cfg.get("hpo") is not None:
+        print(
+            "note: a study is configured (hpo) but -m is not given: this is one plain run of "
+            "the base config; add -m to run the study: python -m app.train -m "
+            + " ".join(argv),
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _without_study(inv: Invocation) -> str | None:
+    """An hpo.* setting on a config with no study (hpo: null), which Hydra reports as
+    "Unexpected type for root: NoneType": say what to add."""
+    keys = [o for o in inv.overrides if o.lstrip("+~").startswith("hpo.")]
+    if not keys:
+        return None
+    rest = Invocation(inv.config_name, [o for o in inv.overrides if o not in keys])
+    rest.hydra_overrides, rest.config_dirs = inv.hydra_overrides, inv.config_dirs
+    try:
+        if compose(rest.config_name, _overrides(rest)).get("hpo") is not None:
+            return None
+    except Exception:
+        return None
+    return (
+        f"{keys[0]}: this config has no study to set (hpo is null); add hpo=optuna and -m: "
+        f"python -m app.train -m hpo=optuna {' '.join(keys)}"
+    )
 
 
 def _overrides(inv: Invocation) -> list[str]:
