@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -63,32 +62,48 @@ def test_a_hung_worker_is_killed_after_the_timeout(tmp_path: Path, monkeypatch) 
     monkeypatch.setattr(lockstep, "TURN_TIMEOUT_S", 0.5)
     lane = lockstep.Lane("hang", tmp_path / "hang.log")
     argv = [sys.executable, "-c", "import time; time.sleep(60)"]
-    t0 = time.monotonic()
     assert lane.start(argv, env=None) is False  # never said it was ready
-    assert lane.finish() != 0
-    assert time.monotonic() - t0 < 30
+    assert lane.finish() != 0  # killed: a worker left to sleep out its 60 s would exit 0
+
+
+class FakeTime:
+    """The clock StepClock reads: it moves only when the test says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
 
 
 class CountingBaton:
-    def __init__(self) -> None:
+    def __init__(self, clock: FakeTime) -> None:
         self.passes = 0
+        self.clock = clock
 
     def pass_(self) -> None:
         self.passes += 1
-        time.sleep(0.1)  # the parent's other lanes: must not count as this worker's time
+        self.clock.now += 100.0  # the parent's other lanes: must not count as this worker's time
 
 
-def test_step_clock_in_lockstep_times_only_its_own_turns() -> None:
-    baton = CountingBaton()
-    clock = StepClock(time.time(), warmup=2, total=5, device=torch.device("cpu"), baton=baton)
+def test_step_clock_in_lockstep_times_only_its_own_turns(monkeypatch) -> None:
+    import app.bench.clock as clock_module
+
+    fake = FakeTime()
+    monkeypatch.setattr(clock_module, "time", fake)
+    baton = CountingBaton(fake)
+    clock = StepClock(fake.time(), warmup=2, total=5, device=torch.device("cpu"), baton=baton)
     for _ in range(5):
         clock.before_step()
-        time.sleep(0.01)  # the step
+        fake.now += 10.0  # the step
         clock.step_done()
     assert baton.passes == 1 + 5  # ready, then after every step (the last waits for release)
-    # 3 measured steps of ~10 ms each; the 100 ms waits between turns (>= 0.3 s) are not in it.
-    assert 0.03 <= clock.measured_seconds() < 0.25
-    assert clock.first_step_s >= 0.01
+    # 3 measured steps of 10 s each; the 100 s waits between turns are not in it.
+    assert clock.measured_seconds() == 30.0
+    assert clock.first_step_s == 10.0  # launch to ready (0 here), then its step: no wait
     assert clock.peak[1] == "peak_rss"
 
 

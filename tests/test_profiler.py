@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -12,7 +11,10 @@ from app.config import ConfigError, load_config
 from app.engine.runner import run_training
 from tests.conftest import TINY, compose, config, tiny
 
-SLOW = 1.0  # seconds each profiled step is made to take: far more than a tiny step
+# The meter reads a clock of the test's own: each step moves it by TICK, a profiled one by
+# SLOW, and nothing else does. What is counted is then exact, whatever the machine's load.
+TICK = 1.0
+SLOW = 1000.0
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +24,15 @@ def profiled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("profiled")
     meters: list[loop.Throughput] = []
     real_step, real_meter = loop.step_with_recovery, loop.Throughput
+    now = [0.0]
 
     def slow_when_profiled(run, batch, step):
-        if 2 <= step < 4:
-            time.sleep(SLOW)
-        return real_step(run, batch, step)
+        out = real_step(run, batch, step)
+        now[0] += SLOW if 2 <= step < 4 else TICK
+        return out
 
     def recording_meter(*args, **kwargs):
-        meters.append(real_meter(*args, **kwargs))
+        meters.append(real_meter(*args, **kwargs, clock=lambda: now[0]))
         return meters[-1]
 
     with pytest.MonkeyPatch.context() as mp:
@@ -59,9 +62,9 @@ def test_profiled_steps_are_kept_out_of_the_throughput(profiled):
     tokens_per_step = 8 * 32  # effective batch x seq_len
     # Windows: steps 0-2 and 3-5, each with one profiled step: two counted steps' tokens each.
     assert [tokens for tokens, _ in meter.windows] == [2 * tokens_per_step] * 2
-    assert all(seconds < SLOW for _, seconds in meter.windows)
-    # The steady figure is the second window's: two unprofiled tiny steps, far under SLOW.
-    assert summary.tokens_per_sec > 2 * tokens_per_step / SLOW
+    assert [seconds for _, seconds in meter.windows] == [2 * TICK] * 2  # no profiled step
+    # The steady figure is the second window's: two unprofiled steps of one TICK each.
+    assert summary.tokens_per_sec == pytest.approx(tokens_per_step / TICK)
 
 
 def test_the_logged_step_time_excludes_profiled_steps(profiled):
@@ -69,7 +72,7 @@ def test_the_logged_step_time_excludes_profiled_steps(profiled):
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = [x for x in lines if "train/loss" in x]
     assert [x["step"] for x in logged] == [3, 6]
-    assert all(x["train/step_time_s"] < SLOW / 2 for x in logged)
+    assert [x["train/step_time_s"] for x in logged] == [pytest.approx(TICK)] * 2
 
 
 def test_a_window_of_profiled_steps_only_logs_its_loss_and_no_speed(tmp_path):

@@ -213,10 +213,12 @@ def test_an_artifact_location_mlflow_cannot_store_to_is_refused_before_the_exper
 
 
 def test_an_unreachable_mlflow_server_is_one_line_within_seconds(tmp_path, monkeypatch):
-    """MLflow's own defaults retry a refused connection for minutes (SIGTERM waits too)."""
+    """MLflow's own defaults retry a refused connection for minutes (SIGTERM waits too): the
+    client is made with the short limits in force."""
     pytest.importorskip("mlflow")
     import os
-    import time
+
+    import mlflow.tracking
 
     from app.components.tracking.mlflow_sink import HTTP_LIMITS
     from app.components.tracking.sinks import build_sinks
@@ -231,11 +233,18 @@ def test_an_unreachable_mlflow_server_is_one_line_within_seconds(tmp_path, monke
             "tracking.mlflow.tracking_uri=http://127.0.0.1:9",  # the discard port: refused
         )
     )
-    started = time.monotonic()
+    seen: list[dict[str, str | None]] = []
+    real_client = mlflow.tracking.MlflowClient
+
+    def client(*args, **kwargs):
+        seen.append({name: os.environ.get(name) for name in HTTP_LIMITS})
+        return real_client(*args, **kwargs)
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", client)  # imported at the start
     try:
         with pytest.raises(ConfigError, match=r"^tracking\.mlflow: could not start: "):
             build_sinks(cfg.tracking, tmp_path / "run", None)
     finally:
         for name in HTTP_LIMITS:
             os.environ.pop(name, None)
-    assert time.monotonic() - started < 60  # MLflow's defaults: about 4.5 minutes
+    assert seen == [HTTP_LIMITS]  # MLflow's defaults would retry for about 4.5 minutes
