@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from app.components.tracking import TRACKERS, Tracker
 from app.components.tracking.base import COMPLETED, Sink
@@ -49,7 +49,7 @@ class WandbSink(Sink):
         self._run = wandb.init(
             project=cfg.project,
             entity=cfg.entity,
-            mode=cfg.mode,  # type: ignore[arg-type]  # one of WANDB_MODES, checked
+            mode=cast(Any, cfg.mode),  # one of WANDB_MODES, checked; wandb types it a Literal
             dir=str(directory),
             name=cfg.name or run_name,
             group=cfg.group or group,
