@@ -1,4 +1,4 @@
-"""What the benchmark does per task (app/tasks): the unit of throughput, how the bare loop
+"""What the benchmark does per task (app/components/tasks/): the unit of throughput, how the bare loop
 samples and splits a step, and how a transformers Trainer user feeds the same data.
 
 `bench_task(cfg)` looks the strategy up once by the task's name; the workers call its methods

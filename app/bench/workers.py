@@ -72,7 +72,7 @@ def _result(
 
 def _device_setup(cfg, host_malloc: str):
     """Device, precision and the FLOPs/peak figures, resolved exactly as the trainer does, and a
-    host malloc policy (app/hardware/host_malloc.py) for this process."""
+    host malloc policy (app/components/hardware/host_malloc.py) for this process."""
     import torch
 
     from app.components.hardware.devices import detect_device, effective_preset

@@ -113,7 +113,7 @@ def first_reason(exc: BaseException, directory: Path) -> str:
 
 
 def remove_stale_temporaries(directory: Path) -> None:
-    """Temporary files of checkpoint writes that a kill interrupted (see app/atomic.py), and
+    """Temporary files of checkpoint writes that a kill interrupted (see app/core/atomic.py), and
     temporary directories of sharded ones."""
     if directory.is_dir():
         for tmp in directory.glob(".step_*.pt.*.tmp"):

@@ -111,7 +111,7 @@ def _process_peak_rss() -> int:
 
 class RunLogger:
     """One place that writes scalars, on the main rank only; it fans them out to sinks
-    (app/tracking/): TensorBoard and metrics.jsonl, and W&B or MLflow when configured.
+    (app/components/tracking/): TensorBoard and metrics.jsonl, and W&B or MLflow when configured.
 
     A sink that fails (a full disk, a tracker's server gone) is dropped with one error line and
     the run goes on: losing a log is better than losing the training.

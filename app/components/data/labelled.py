@@ -1,11 +1,11 @@
 """Labelled texts and text pairs for classification: read, map labels to ids, split, tokenize.
 
 Sources (`data.source`):
-- `builtin`: the generated NLI corpus (app/data/nli_corpus.py), no download;
+- `builtin`: the generated NLI corpus (app/components/data/nli_corpus.py), no download;
 - `datasets`: anything the `datasets` library opens: JSONL/JSON, CSV/TSV and Parquet files
   (`data.paths`, and `data.val_paths` for a validation set of their own), a directory written
   by `save_to_disk`, or a hub name where a network exists (`data.dataset`, with
-  `data.dataset_config`, `data.train_split`, `data.val_split`), opened by app/data/sources.py.
+  `data.dataset_config`, `data.train_split`, `data.val_split`), opened by app/components/data/sources/.
 
 Columns are configurable (`data.text_column`, `data.text_pair_column` (null for single texts),
 `data.label_column`). Text columns must hold strings; rows with a null text are dropped (with a

@@ -1,6 +1,6 @@
 """Causal LM text from rows read through `datasets` (`data.source=datasets`): one document per row.
 
-The rows come from app/data/sources.py (JSONL/CSV/Parquet files, a save_to_disk directory or a
+The rows come from app/components/data/sources/ (JSONL/CSV/Parquet files, a save_to_disk directory or a
 hub name); `data.text_column` names the text, a column of strings (rows where it is null are
 dropped, with a warning). Without a validation split, `data.val_fraction` of
 the rows is held out (a single row is cut in two, as a single text file is). Each split is

@@ -18,7 +18,7 @@ this effective batch really uses) and the fastest in samples/s wins; near-ties g
 The micro-batch is then trimmed to the largest size of its split: 32 samples at most 12 per
 micro-batch run as 11+11+10, so the plan says 11.
 
-Cache (app/batch/cache.py): one JSON file per shape under `<data.cache_dir>/autobatch/` (or
+Cache (app/engine/batch/cache.py): one JSON file per shape under `<data.cache_dir>/autobatch/` (or
 `training.auto_batch.cache_dir`), keyed by everything that changes memory
 use (FSDP's shards too: parallelism and world size). Writers take a file lock and merge, and
 write atomically, so parallel HPO workers neither
