@@ -39,6 +39,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from . import _private as private
 from ._lineage import PROMOTED_FROM, ROOT, UNCOUNTED, heads, root
 
 log = logging.getLogger(__name__)
@@ -177,11 +178,11 @@ class Promoter:
         """A second promotion of one paused trial (two workers at once on a database, where no
         lock orders them): the earlier copy runs, this one is dropped."""
         source = t.system_attrs.get(PROMOTED_FROM)
-        if source is None or "retry_history" in t.system_attrs:
+        if source is None or private.retry_history(t):
             return False
         return any(
             o.system_attrs.get(PROMOTED_FROM) == source
-            and "retry_history" not in o.system_attrs
+            and not private.retry_history(o)
             and o.number < t.number
             and o.user_attrs.get("reason") != "duplicate"
             for o in self.study.get_trials(deepcopy=False)

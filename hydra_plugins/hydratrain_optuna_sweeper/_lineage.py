@@ -14,6 +14,8 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from . import _private as private
+
 ROOT = "hpo:root"  # system attr: the number of the line's first trial
 PROMOTED_FROM = "hpo:promoted_from"  # system attr of a promoted copy: the paused trial
 # System attr of a trial that holds no slot of hpo.n_trials: a promoted copy (its paused trial
@@ -25,7 +27,7 @@ def root(t: FrozenTrial) -> int:
     """The number of the first trial of t's line (t's own when it is the first)."""
     if ROOT in t.system_attrs:
         return int(t.system_attrs[ROOT])
-    history = t.system_attrs.get("retry_history")  # re-queued copies, as Optuna records them
+    history = private.retry_history(t)  # re-queued copies, as Optuna records them
     return int(history[0]) if history else t.number
 
 

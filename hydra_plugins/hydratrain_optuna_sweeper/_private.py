@@ -9,9 +9,13 @@ trial that another worker finished meanwhile raises `UpdateFinishedTrialError` f
 4.1 on, a plain RuntimeError before: `finished_trial_guard` turns both into `TrialFinished`.
 The stock sweeper warns about its legacy `search_space` node through Hydra's internal
 `deprecation_warning`, which honours HYDRA_DEPRECATION_WARNINGS_AS_ERRORS: so does ours.
-Optuna's samplers read a study's trials through its private `_get_trials`: `trials_seen_as`
-gives a sampler a study whose trials (that method and the public ones built on it) are shown
-through a function, so that a line of trials is one observation (`_lineage.observations`).
+A re-queued trial is recorded as Optuna's RetryFailedTrialCallback records one, in its system
+attrs `failed_trial` and `retry_history`, so that
+`RetryFailedTrialCallback.retried_trial_number` works on ours: `retry_history` and
+`retry_attrs` read and write them. Optuna's samplers read a study's trials through its private
+`_get_trials`: `trials_seen_as` gives a sampler a study whose trials (that method and the
+public ones built on it) are shown through a function, so that a line of trials is one
+observation (`_lineage.observations`).
 
 tests/test_sweeper_private_api.py exercises each function on every storage kind; CI runs it on
 Optuna 4.x as well as the installed 5.x (.ci/run).
@@ -135,3 +139,14 @@ def trials_seen_as(
     study: optuna.Study, show: Callable[[list[FrozenTrial]], list[FrozenTrial]]
 ) -> optuna.Study:
     return _StudySeenAs(study, show)
+
+
+def retry_history(t: FrozenTrial) -> list[int]:
+    """The trials t re-runs, first to last (empty for a trial that is not a re-queued copy)."""
+    return list(t.system_attrs.get("retry_history", []))
+
+
+def retry_attrs(t: FrozenTrial) -> dict[str, Any]:
+    """The system attrs of a re-queued copy of t."""
+    history = [*retry_history(t), t.number]
+    return {"failed_trial": history[0], "retry_history": history}

@@ -255,7 +255,7 @@ def fail_stale_trials(study: optuna.Study, live: Liveness, exclude: set[int]) ->
 def fail_as_stale(study: optuna.Study, t: FrozenTrial, live: Liveness, error: str) -> bool:
     """Fail a RUNNING trial whose worker is gone, re-queued per hpo.retry_stale; False when
     another worker got there first."""
-    retry = live.retry_stale > 0 and len(t.system_attrs.get("retry_history", [])) < live.retry_stale
+    retry = live.retry_stale > 0 and len(private.retry_history(t)) < live.retry_stale
     if not _fail_stale(study, t, error, uncount=retry):
         return False
     if retry:  # a resumed run (promoted, preempted) resumes again: from where it started
@@ -281,8 +281,7 @@ def _fail_stale(study: optuna.Study, t: FrozenTrial, error: str, uncount: bool) 
 def requeue(study: optuna.Study, t: FrozenTrial, user_attrs: dict[str, Any] | None = None) -> None:
     """Queue the same parameters again, recorded as Optuna's RetryFailedTrialCallback does
     (`failed_trial`, `retry_history`), so its `retried_trial_number()` works on them."""
-    history = [*t.system_attrs.get("retry_history", []), t.number]
-    system_attrs = {"failed_trial": history[0], "retry_history": history, **copy_attrs(t)}
+    system_attrs = {**private.retry_attrs(t), **copy_attrs(t)}
     if promoted(t):  # a promoted trial's copy: its paused trial still holds the slot
         system_attrs[UNCOUNTED] = True
     study.add_trial(

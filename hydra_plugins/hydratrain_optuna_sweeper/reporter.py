@@ -1,10 +1,10 @@
 """The trial reporter a training job uses to talk to its Optuna trial.
 
 The sweeper names this module's `reporter_for_job` in each job's `hpo.reporter`, with the
-study, its storage and the trial number, so app/hpo.py (build_reporter) finds it without importing this
-package. When the job runs in the sweeper's own process the live trial is taken from a
-registry; in another process it is rebuilt from the storage. Imports stay light here: Hydra's
-plugin scan imports this module.
+study, its storage and the trial number, so app/hpo.py (build_reporter) finds it without
+importing this package. When the job runs in the sweeper's own process the live trial is taken
+from a registry; in another process it is rebuilt from the storage. Imports stay light here:
+Hydra's plugin scan imports this module.
 """
 
 from __future__ import annotations
