@@ -2,7 +2,7 @@
 # Gathers into ./.whl (git-ignored) the wheels `python -m app.gpu_suite` installs on a GPU
 # machine whose Python has torch, transformers, tensorboard and nvidia-ml-py but no Hydra,
 # Optuna, pytest, accelerate (the transformers Trainer of the bench) or datasets (labelled
-# data, the DeBERTa step), and no network (README, "GPU suite"). Run it on a machine with PyPI
+# data, the DeBERTa step), and no network (docs/observability.md, "GPU suite"). Run it on a machine with PyPI
 # access. PYVER is the GPU machine's Python (default 3.12); extra NAME==VERSION arguments are
 # fetched too.
 set -euo pipefail

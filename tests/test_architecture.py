@@ -1,5 +1,5 @@
 """The shape of the code, checked: rooms of a readable size, arrows that point down, no circle,
-and the typed config below the entry. What the architecture promises (README, Layout) holds,
+and the typed config below the entry. What the architecture promises (docs/layout.md) holds,
 for the app and for the sweeper (hydra_plugins/) alike."""
 
 from __future__ import annotations

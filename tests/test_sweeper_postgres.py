@@ -1,6 +1,6 @@
 """The sweeper on a real PostgreSQL server (tests/pg_server.py starts one; skipped without the
-binaries): the README's command as written, a database restart in the middle of a trial, and
-a password in the storage URL that appears in nothing the sweep prints or writes."""
+binaries): the command of docs/scaling.md as written, a database restart in the middle of a
+trial, and a password in the storage URL that appears in nothing the sweep prints or writes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One test per row of the README's table of stock keys (`hydra.sweeper.*`): each means what the
+"""One test per row of docs/hpo.md's table of stock keys (`hydra.sweeper.*`): each means what the
 stock hydra-optuna-sweeper documents, run with its own example scripts and configs (copied in
 tests/stock_optuna, MIT license) and the stock plugin absent; the rows about `hpo=optuna` run
 the fake trainer (tests/fake_app)."""
@@ -237,8 +237,8 @@ def test_n_jobs_beside_hpo_launches_batches_whose_trials_all_report(tmp_path):
     assert all(t.intermediate_values for t in study.trials)  # each job found its own trial
 
 
-def test_every_test_the_readme_table_names_exists():
-    readme = (ROOT / "README.md").read_text()
+def test_every_test_the_docs_table_names_exists():
+    readme = (ROOT / "docs" / "hpo.md").read_text()
     table = readme[readme.index("| stock key (`hydra.sweeper.*`)") :].split("\n\n")[0]
     named = set(re.findall(r"`(test_\w+)`", table))
     defined = set()

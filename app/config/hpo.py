@@ -2,7 +2,7 @@
 
 The sweeper (hydra_plugins/hydratrain_optuna_sweeper) reads them; the trial a job reports to
 is named by the sweeper in `trial_number` and `reporter`. conf/hpo/optuna.yaml sets only what
-differs from these defaults. README, "Hyperparameter search", says what each one means next
+differs from these defaults. docs/hpo.md says what each one means next
 to the stock sweeper's `hydra.sweeper.*` keys.
 """
 
@@ -59,7 +59,7 @@ class HpoConfig:
     params: Any = None
     tensorboard: bool = True  # hparams per trial in <hydra.sweep.dir>/tensorboard
     batch_size_study: BatchSizeStudyConfig | None = None  # null: a study of any other kind
-    # The fleet (README, "A node, a cluster"): worker processes sharing the study, each pinned
+    # The fleet (docs/scaling.md, "A node, a cluster"): worker processes sharing the study, each pinned
     # to its own GPUs through CUDA_VISIBLE_DEVICES. workers: a number, or auto (one per
     # gpus_per_trial visible GPUs, 1 without a GPU); devices: null (the visible GPUs) or a list
     # of CUDA_VISIBLE_DEVICES entries; gpus_per_trial: ranks of each trial (torchrun's API);

@@ -122,7 +122,7 @@ class TrainingConfig:
     # completes; `python -m app.export` writes it from any checkpoint too.
     export: bool = True
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
-    # Under torchrun (README, "More GPUs"): ddp, every rank holds the whole model; fsdp, the
+    # Under torchrun (docs/scaling.md, "More GPUs"): ddp, every rank holds the whole model; fsdp, the
     # weights, gradients and optimizer state are sharded over the ranks, checkpoints too.
     parallelism: str = one_of("ddp", PARALLELISMS)
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
@@ -182,7 +182,7 @@ class TrainingConfig:
 
 @dataclass
 class FaultsConfig:
-    """Fault injection for tests and CPU users: see README, 'Fault injection'."""
+    """Fault injection for tests and CPU users: see docs/training.md, 'Fault injection'."""
 
     oom_above_micro_batch: int | None = bounded(None, low=0, integer=True, nullable=True)
     oom_phase: str = one_of("forward", FAULT_PHASES)

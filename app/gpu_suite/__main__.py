@@ -1,4 +1,4 @@
-"""Command line of the GPU suite (see the package docstring and README, "GPU suite")."""
+"""Command line of the GPU suite (see the package docstring and docs/observability.md, "GPU suite")."""
 
 from __future__ import annotations
 

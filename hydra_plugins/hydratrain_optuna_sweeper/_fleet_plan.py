@@ -1,5 +1,5 @@
 """The fleet a sweep runs: how many workers, which devices each one gets, decided and checked
-before anything starts (README, "A node, a cluster").
+before anything starts (docs/scaling.md, "A node, a cluster").
 
 A worker is the ordinary one-process sweep worker (`_worker.Worker`: n_jobs=1, the study-wide
 budget, the shared storage). A fleet is N of them: started as processes of this node
