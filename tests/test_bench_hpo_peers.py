@@ -81,7 +81,7 @@ def test_configurations_are_compared_line_by_line_in_order():
 def test_the_trainer_study_draws_the_sweepers_configurations_under_its_own_names():
     from omegaconf import OmegaConf
 
-    from hydra_plugins.hydratrain_optuna_sweeper._space import suggest
+    from hydra_plugins.hydratrain_optuna_sweeper.pruning import suggest
 
     params = OmegaConf.create(
         {

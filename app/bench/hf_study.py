@@ -61,15 +61,14 @@ def _space(params: Any) -> dict[str, Any]:
     """The sweep's search space as Optuna distributions, parsed as the sweeper parses it."""
     from omegaconf import OmegaConf
 
-    from hydra_plugins.hydratrain_optuna_sweeper._space import Entry, parse_space
+    from hydra_plugins.hydratrain_optuna_sweeper.pruning import search_space
 
     plain: dict[str, Any] = OmegaConf.to_container(params, resolve=True)  # type: ignore[assignment]
-    entries = [Entry(f"hydra.sweeper.params.{k}", f"{k}={v}") for k, v in plain.items()]
-    space = parse_space(entries)
-    unknown = set(space.distributions) - set(ARGUMENT)
+    space = search_space(plain)
+    unknown = set(space) - set(ARGUMENT)
     if unknown:
         raise SystemExit(f"hf_study: no TrainingArguments field for {sorted(unknown)}")
-    return dict(space.distributions)
+    return space
 
 
 def _suggest(trial: Any, space: dict[str, Any], micro: int) -> dict[str, Any]:

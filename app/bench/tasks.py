@@ -1,5 +1,5 @@
-"""What the benchmark does per task (app/components/tasks/): the unit of throughput, how the bare loop
-samples and splits a step, and how a transformers Trainer user feeds the same data.
+"""What the benchmark does per task (app/components/tasks/): the unit of throughput, how the
+bare loop samples and splits a step, and how a transformers Trainer user feeds the same data.
 
 `bench_task(cfg)` looks the strategy up once by the task's name; the workers call its methods
 and never branch on the task. Data and model come from the project's own Task (`task.load_data`,

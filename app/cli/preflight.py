@@ -101,8 +101,7 @@ def preflight(argv: list[str]) -> None:
     if inv.runs_job and not inv.multirun and cfg.get("hpo") is not None:
         print(
             "note: a study is configured (hpo) but -m is not given: this is one plain run of "
-            "the base config; add -m to run the study: python -m app.train -m "
-            + " ".join(argv),
+            "the base config; add -m to run the study: python -m app.train -m " + " ".join(argv),
             file=sys.stderr,
             flush=True,
         )

@@ -59,8 +59,8 @@ class HpoConfig:
     params: Any = None
     tensorboard: bool = True  # hparams per trial in <hydra.sweep.dir>/tensorboard
     batch_size_study: BatchSizeStudyConfig | None = None  # null: a study of any other kind
-    # The fleet (docs/scaling.md, "A node, a cluster"): worker processes sharing the study, each pinned
-    # to its own GPUs through CUDA_VISIBLE_DEVICES. workers: a number, or auto (one per
+    # The fleet (docs/scaling.md, "A node, a cluster"): worker processes sharing the study,
+    # each pinned to its own GPUs through CUDA_VISIBLE_DEVICES. workers: a number, or auto (one per
     # gpus_per_trial visible GPUs, 1 without a GPU); devices: null (the visible GPUs) or a list
     # of CUDA_VISIBLE_DEVICES entries; gpus_per_trial: ranks of each trial (torchrun's API);
     # trials_per_gpu: workers that share one GPU (small trials).

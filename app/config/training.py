@@ -122,8 +122,8 @@ class TrainingConfig:
     # completes; `python -m app.export` writes it from any checkpoint too.
     export: bool = True
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
-    # Under torchrun (docs/scaling.md, "More GPUs"): ddp, every rank holds the whole model; fsdp, the
-    # weights, gradients and optimizer state are sharded over the ranks, checkpoints too.
+    # Under torchrun (docs/scaling.md, "More GPUs"): ddp, every rank holds the whole model;
+    # fsdp, the weights, gradients and optimizer state are sharded over the ranks, checkpoints too.
     parallelism: str = one_of("ddp", PARALLELISMS)
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
 

@@ -1,4 +1,5 @@
-"""Command line of the GPU suite (see the package docstring and docs/observability.md, "GPU suite")."""
+"""Command line of the GPU suite (see the package docstring and docs/observability.md,
+"GPU suite")."""
 
 from __future__ import annotations
 

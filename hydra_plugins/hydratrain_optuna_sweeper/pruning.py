@@ -1,6 +1,7 @@
-"""The sweeper's pruners as a study of this sweeper builds them, for tools outside the sweep
-(`python -m app.bench --hpo` replays them). Hydra's plugin scan imports this module: Optuna is
-imported only when a pruner is built."""
+"""The sweeper's pruners and search space as a study of this sweeper builds them, for tools
+outside the sweep (`python -m app.bench --hpo` replays the pruners; `--hpo-peers` hands the
+Trainer the same space). The seam the bench uses: nothing outside the sweeper imports its `_`
+modules. Hydra's plugin scan imports this module: Optuna is imported only when used."""
 
 from __future__ import annotations
 
@@ -23,3 +24,19 @@ def study_pruner_arguments(
     from ._samplers import EvalSchedule, pruner_defaults
 
     return {**pruner_defaults(name, EvalSchedule(every=eval_every, last=max_steps), args), **args}
+
+
+def search_space(params: dict[str, str]) -> dict[str, Any]:
+    """`hydra.sweeper.params` ({key: expression}) as the Optuna distributions a trial samples,
+    parsed as the sweeper parses them."""
+    from ._space import Entry, parse_space
+
+    entries = [Entry(f"hydra.sweeper.params.{k}", f"{k}={v}") for k, v in params.items()]
+    return dict(parse_space(entries).distributions)
+
+
+def suggest(trial: Any, name: str, distribution: Any) -> Any:
+    """Sample `name` on an Optuna trial as the sweeper's worker does."""
+    from ._space import suggest as sweeper_suggest
+
+    return sweeper_suggest(trial, name, distribution)

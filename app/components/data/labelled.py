@@ -5,7 +5,8 @@ Sources (`data.source`):
 - `datasets`: anything the `datasets` library opens: JSONL/JSON, CSV/TSV and Parquet files
   (`data.paths`, and `data.val_paths` for a validation set of their own), a directory written
   by `save_to_disk`, or a hub name where a network exists (`data.dataset`, with
-  `data.dataset_config`, `data.train_split`, `data.val_split`), opened by app/components/data/sources/.
+  `data.dataset_config`, `data.train_split`, `data.val_split`), opened by
+  app/components/data/sources/.
 
 Columns are configurable (`data.text_column`, `data.text_pair_column` (null for single texts),
 `data.label_column`). Text columns must hold strings; rows with a null text are dropped (with a

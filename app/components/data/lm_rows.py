@@ -1,13 +1,12 @@
 """Causal LM text from rows read through `datasets` (`data.source=datasets`): one document per row.
 
-The rows come from app/components/data/sources/ (JSONL/CSV/Parquet files, a save_to_disk directory or a
-hub name); `data.text_column` names the text, a column of strings (rows where it is null are
-dropped, with a warning). Without a validation split, `data.val_fraction` of
-the rows is held out (a single row is cut in two, as a single text file is). Each split is
-tokenized with Dataset.map, batched, in `data.map_num_proc` processes, and flattened into one
-token stream with the end-of-document token after each row; app/components/data/tokens.py packs
-and caches it.
-"""
+The rows come from app/components/data/sources/ (JSONL/CSV/Parquet files, a save_to_disk
+directory or a hub name); `data.text_column` names the text, a column of strings (rows where it
+is null are dropped, with a warning). Without a validation split, `data.val_fraction` of the
+rows is held out (a single row is cut in two, as a single text file is). Each split is tokenized
+with Dataset.map, batched, in `data.map_num_proc` processes, and flattened into one token stream
+with the end-of-document token after each row; app/components/data/tokens.py packs and caches
+it."""
 
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 from app.components.data.corpus import _FOODS, _PLACES, _TIMES, _TRAITS, _WORLD, _Entity
 
-NLI_VERSION = 2  # bump when the generator changes: app/components/data/labelled.py keys its cache with it
+# Bump when the generator changes: app/components/data/labelled.py keys its cache with it.
+NLI_VERSION = 2
 LABELS = ("entailment", "neutral", "contradiction")  # MNLI's order
 COLUMNS = ("premise", "hypothesis", "label")  # each generated row's keys
 # Negations are contradictions when their kind of fact is stated and neutral when it is not, so
