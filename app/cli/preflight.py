@@ -12,7 +12,7 @@ so their config is checked here.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -113,8 +113,7 @@ def _without_study(inv: Invocation) -> str | None:
     keys = [o for o in inv.overrides if o.lstrip("+~").startswith("hpo.")]
     if not keys:
         return None
-    rest = Invocation(inv.config_name, [o for o in inv.overrides if o not in keys])
-    rest.hydra_overrides, rest.config_dirs = inv.hydra_overrides, inv.config_dirs
+    rest = replace(inv, overrides=[o for o in inv.overrides if o not in keys])
     try:
         if compose(rest.config_name, _overrides(rest)).get("hpo") is not None:
             return None
