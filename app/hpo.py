@@ -35,15 +35,18 @@ from app.studies.batch_size import BatchTrial
 from app.studies.batch_size import analyse as analyse_batch_study
 from app.studies.batch_size import plot as plot_batch_study
 from app.studies.batch_size import table as batch_study_table
+from app.studies.report import REPORT, Ending, StudyRecord, TrialRecord, write_report
 
 __all__ = [
     "BATCH_STUDY_IMAGE",
     "MASK",
+    "REPORT",
     "RUN_METRICS",
     "URL_PASSWORD",
     "BatchSizeStudyConfig",
     "BatchTrial",
     "ConfigError",
+    "Ending",
     "HpoConfig",
     "NullReporter",
     "Objectives",
@@ -52,7 +55,9 @@ __all__ = [
     "Reporter",
     "Status",
     "StopRequest",
+    "StudyRecord",
     "TrialAttrs",
+    "TrialRecord",
     "analyse_batch_study",
     "batch_study_table",
     "build_reporter",
@@ -67,6 +72,7 @@ __all__ = [
     "stop_on_signals",
     "task_of",
     "visible_gpus",
+    "write_report",
 ]
 
 # summary.json keys every run writes that a study may optimize, and which way is better. The
@@ -87,6 +93,7 @@ class TrialAttrs:
 
     micro_batch_size: int | None = None
     grad_accum_steps: int | None = None
+    batch_source: str | None = None  # the plan's: fixed | probed | cached | reduced_after_oom
     effective_batch_size: int | None = None
     lr: float | None = None  # what it trained with: training.lr scaled by lr_scaling
     samples_seen: int | None = None

@@ -371,6 +371,7 @@ def trial_attrs(summary: Summary) -> TrialAttrs:
     return TrialAttrs(
         micro_batch_size=summary.micro_batch_size,
         grad_accum_steps=summary.grad_accum_steps,
+        batch_source=summary.batch_source,
         effective_batch_size=summary.effective_batch_size,
         lr=summary.lr,
         samples_seen=summary.samples_seen,

@@ -28,6 +28,7 @@ from ._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepCo
 from ._fleet_plan import fleet_worker, seeded_for_worker
 from ._fleet_run import Fleet, plan_fleet_of
 from ._line_sampler import LineSampler, unwrapped
+from ._report import describe, write_sweep_report
 from ._results import check_completed
 from ._samplers import EvalSchedule, build_pruner, build_sampler, grid_size
 from ._settings import StockKeys, SweepSettings, read_settings
@@ -72,7 +73,10 @@ class OptunaSweeperImpl(Sweeper):
     def sweep(self, arguments: list[str]) -> None:
         try:
             plan = self._plan(arguments)
-            status = self.fleet.run(plan) if self.fleet else Worker(plan).run()
+            try:
+                status = self.fleet.run(plan) if self.fleet else Worker(plan).run()
+            finally:  # a stopped or failed sweep too: the report shows what the study holds
+                self._report(plan)
             if not status:  # a stopped worker's status says more than its study's state
                 check_completed(plan.study)
         except SweepConfigError as e:
@@ -111,6 +115,8 @@ class OptunaSweeperImpl(Sweeper):
         judged_by = build_pruner(s.pruner, s.pruner_args, 1, schedule)  # the report metric's
         self.fleet = plan_fleet_of(self, s, arguments)
         study = self._open_study(s, sampler, pruner)
+        if schedule is not None:
+            describe(study, s.metrics, schedule.unit, schedule.last)
         judge = _judge(study, s, judged_by)
         if not fleet_worker():  # the fleet's parent wrote it
             self._write_multirun_yaml(sweep_dir)
@@ -139,6 +145,14 @@ class OptunaSweeperImpl(Sweeper):
             and not isinstance(unwrapped(sampler), optuna.samplers.CmaEsSampler),
             judge=judge,
         )
+
+    def _report(self, plan: Plan) -> None:
+        """report.html, by the fleet's parent or the lone worker (not by each of a fleet's)."""
+        if fleet_worker():
+            return
+        path = write_sweep_report(plan.study, plan.mask(plan.settings.storage.text), plan.sweep_dir)
+        if path is not None:
+            log.info("Report in %s", path)
 
     def _compose(self, overrides: list[str]) -> DictConfig:
         assert self.hydra_context is not None and self.config is not None

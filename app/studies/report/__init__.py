@@ -1,0 +1,34 @@
+"""A study's report: `report.html` (self-contained: opens offline, with no server) and PNGs of
+its main plots, from typed records of its trials (`records.py`) and the Optuna study itself
+(for Optuna's own plots).
+
+The sweeper writes one after every sweep; `python -m app.report` writes one for any study.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .images import write_images
+from .page import render
+from .records import COLOURS, Ending, Line, StudyRecord, TrialRecord
+
+REPORT = "report.html"
+
+__all__ = ["COLOURS", "REPORT", "Ending", "Line", "StudyRecord", "TrialRecord", "write_report"]
+
+
+def write_report(
+    record: StudyRecord, study: Any, out: str | Path, extra_images: dict[str, Path] | None = None
+) -> Path:
+    """Write out/report.html and the PNGs beside it; `extra_images` ({title: png}) are embedded
+    too (the batch-size study's curve). Returns the page's path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_images(record, study, out)
+    page = out / REPORT
+    tmp = page.with_suffix(".html.tmp")
+    tmp.write_text(render(record, study, extra_images or {}), encoding="utf-8")
+    tmp.replace(page)  # a reader never sees half a page
+    return page

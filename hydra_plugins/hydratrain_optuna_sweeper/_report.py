@@ -1,0 +1,146 @@
+"""The study's report (report.html, app/studies/report through app.hpo): Optuna's trials read as
+the report's records, with what this sweeper recorded on them (how each ended, its line, its
+worker, its cost and batch plan), and written after every sweep without ever failing one.
+
+A study of plain Optuna reads too: its trials have states, values, params and reports only.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import warnings
+from pathlib import Path
+
+import optuna
+from omegaconf import OmegaConf
+from optuna.trial import FrozenTrial, TrialState
+
+from app.hpo import BATCH_STUDY_IMAGE, Ending, StudyRecord, TrialAttrs, TrialRecord, write_report
+
+from . import _private as private
+from ._asha import PAUSED
+from ._companion import MAIN_TRIAL
+from ._lineage import root
+
+log = logging.getLogger(__name__)
+
+UNIT = "hpo:report_unit"  # study user attrs: the axis trials report on, and its end
+BUDGET = "hpo:report_budget"
+# A trial's reason (user attr `reason`, `_outcomes.py`) -> how the report says it ended.
+ENDINGS: dict[str, Ending] = {
+    "paused": "paused",
+    "oom": "oom",
+    "diverged": "diverged",
+    "preempted": "preempted",
+}
+# Job overrides that make a run a trial: a rerun of the configuration leaves them out.
+JOB_ONLY = ("hpo=", "hpo.", "+hpo.", "++hpo.", "training.resume=")
+
+
+def describe(study: optuna.Study, metrics: list[str] | None, unit: str, budget: int) -> None:
+    """Name the objectives (Optuna's own tools show them) and record the report axis."""
+    if metrics and list(study.metric_names or []) != metrics:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(metrics)
+    if study.user_attrs.get(UNIT) != unit or study.user_attrs.get(BUDGET) != budget:
+        study.set_user_attr(UNIT, unit)
+        study.set_user_attr(BUDGET, budget)
+
+
+def study_record(study: optuna.Study, storage: str) -> StudyRecord:
+    n = len(study.directions)
+    names = list(study.metric_names or []) or (["value"] if n == 1 else [])
+    metrics = tuple(names) if len(names) == n else tuple(f"objective {i}" for i in range(n))
+    reports = _companion_reports(study)
+    budget = study.user_attrs.get(BUDGET)
+    return StudyRecord(
+        name=study.study_name,
+        directions=tuple(d.name.lower() for d in study.directions),
+        metrics=metrics,
+        trials=tuple(trial_record(t, reports.get(t.number)) for t in study.get_trials()),
+        unit=str(study.user_attrs.get(UNIT, "steps")),
+        budget=int(budget) if isinstance(budget, int | float) else None,
+        storage=storage,
+    )
+
+
+def trial_record(t: FrozenTrial, reports: dict[int, float] | None = None) -> TrialRecord:
+    attrs = TrialAttrs.from_user_attrs(t.user_attrs)
+    worker = t.user_attrs.get("worker")
+    host, pid = t.user_attrs.get("host"), t.user_attrs.get("worker_pid")
+    return TrialRecord(
+        number=t.number,
+        state=t.state.name,
+        ending=ending(t),
+        line=root(t),
+        values=tuple(t.values) if t.values else None,
+        params=dict(t.params),
+        curve=tuple(sorted((reports or t.intermediate_values).items())),
+        started=t.datetime_start,
+        ended=t.datetime_complete,
+        worker=f"worker {worker}" if worker is not None else (f"{host}:{pid}" if host else None),
+        devices=t.user_attrs.get("devices"),
+        device_seconds=attrs.device_seconds,
+        micro_batch_size=attrs.micro_batch_size,
+        grad_accum_steps=attrs.grad_accum_steps,
+        batch_source=attrs.batch_source,
+        run_dir=attrs.run_dir,
+        reason=str(t.user_attrs.get("reason", "")),
+        command=rerun_command(attrs.run_dir),
+    )
+
+
+def ending(t: FrozenTrial) -> Ending:
+    reason = str(t.user_attrs.get("reason", ""))
+    if t.state == TrialState.COMPLETE:
+        return "complete"
+    if t.state in (TrialState.RUNNING, TrialState.WAITING):
+        return "running"
+    if t.state == TrialState.PRUNED and PAUSED in t.system_attrs:
+        return "paused"
+    if reason in ENDINGS:
+        return ENDINGS[reason]
+    return "pruned" if t.state == TrialState.PRUNED else "failed"
+
+
+def rerun_command(run_dir: str | None) -> str | None:
+    """`python -m app.train` with the trial's own overrides (Hydra's record of the job), less
+    those that made it a trial of a study."""
+    path = Path(run_dir or "", ".hydra", "overrides.yaml")
+    if not run_dir or not path.is_file():
+        return None
+    try:
+        overrides = [str(o) for o in OmegaConf.load(path)]
+    except Exception:  # a damaged record: no command rather than a wrong one
+        return None
+    kept = [o for o in overrides if not o.startswith(JOB_ONLY)]
+    return " ".join(["python -m app.train", *(shlex.quote(o) for o in kept)])
+
+
+def _companion_reports(study: optuna.Study) -> dict[int, dict[int, float]]:
+    """Several objectives: each main trial's reports, which its companion trial took."""
+    if len(study.directions) == 1:
+        return {}
+    storage = private.storage_of(study)
+    out: dict[int, dict[int, float]] = {}
+    for name in optuna.get_all_study_names(storage):
+        if not name.startswith(f"{study.study_name}:"):
+            continue
+        companion = optuna.load_study(study_name=name, storage=storage)
+        for c in companion.get_trials(deepcopy=False):
+            if MAIN_TRIAL in c.system_attrs:
+                out[int(c.system_attrs[MAIN_TRIAL])] = dict(c.intermediate_values)
+    return out
+
+
+def write_sweep_report(study: optuna.Study, storage: str, sweep_dir: str) -> Path | None:
+    """report.html in the sweep dir; a failure is one warning line, never a failed sweep."""
+    try:
+        image = Path(sweep_dir, BATCH_STUDY_IMAGE)
+        extra = {"Batch-size study": image} if image.is_file() else {}
+        return write_report(study_record(study, storage), study, sweep_dir, extra)
+    except Exception as e:
+        log.warning("The study's report was not written: %s: %s", type(e).__name__, e)
+        return None

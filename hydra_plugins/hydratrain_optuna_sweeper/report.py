@@ -1,0 +1,50 @@
+"""A study's report for tools outside a sweep (`python -m app.report`): any study of any storage,
+this sweeper's or one written by plain Optuna. The seam: nothing outside the sweeper imports its
+`_` modules. Hydra's plugin scan imports this module: Optuna is imported only when used."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ReportError(Exception):
+    """A storage or study that cannot be read: one line naming the argument."""
+
+
+def write_study_report(storage: str, study_name: str | None, out: str | None) -> Path:
+    """Write report.html (and its PNGs) for `study_name` of `storage` (a database URL or an
+    Optuna journal file) into `out` (default: the journal's folder, else the working dir)."""
+    import optuna
+
+    from ._errors import SweepConfigError
+    from ._report import study_record
+    from ._storage import Masker, open_storage, storage_spec
+
+    if "://" not in storage and not Path(storage).is_file():
+        raise ReportError(f"--storage={storage!r}: no such journal file (or give a database URL)")
+    mask = Masker.of([storage])
+    try:
+        store = open_storage(storage_spec(storage, "--storage", ".", False), mask)
+        names = optuna.get_all_study_names(store)
+    except SweepConfigError as e:
+        raise ReportError(str(e)) from None
+    except Exception as e:
+        raise ReportError(mask(f"--storage={storage!r} cannot be read: {e}")) from None
+    name = _pick(study_name, [n for n in names if ":" not in n] or names)
+    study = optuna.load_study(study_name=name, storage=store)
+    target = Path(out) if out else (Path(storage).parent if "://" not in storage else Path("."))
+    from app.hpo import write_report
+
+    return write_report(study_record(study, mask(storage)), study, target)
+
+
+def _pick(name: str | None, names: list[str]) -> str:
+    """The study asked for, or the storage's only study (companions `<study>:<metric>` aside)."""
+    if name is not None and name in names:
+        return name
+    listed = ", ".join(names) or "none"
+    if name is not None:
+        raise ReportError(f"--study={name!r} is not in the storage (its studies: {listed})")
+    if len(names) != 1:
+        raise ReportError(f"--study is needed: the storage holds {len(names)} ({listed})")
+    return names[0]
