@@ -124,6 +124,23 @@ def test_two_workers_on_their_own_devices_run_trials_with_no_barrier(tmp_path):
     lines = [ln for ln in out.splitlines() if "] Trial " in ln]
     assert len(lines) == 4 and all("COMPLETE" in ln and "(devices " in ln for ln in lines)
     assert "Fleet: 2 workers (devices 0: 0, 1: 1)" in out
+    _assert_one_report_with_a_row_per_worker(tmp_path, out, {"worker 0 (GPU 0)", "worker 1 (GPU 1)"})
+
+
+def _assert_one_report_with_a_row_per_worker(tmp_path: Path, out: str, rows: set[str]) -> None:
+    """The fleet's parent writes the report, once, after its workers; its timeline has a row
+    per worker and device."""
+    from app.studies.report.figures import timeline
+    from hydra_plugins.hydratrain_optuna_sweeper._report import study_record
+
+    report = tmp_path / "multirun" / "report.html"
+    assert out.strip().splitlines()[-1].endswith(f"Report in {report}")
+    logs = list((tmp_path / "multirun" / "workers").glob("worker_*.log"))
+    assert len(logs) == 2 and not any("Report in" in log.read_text() for log in logs)
+    study = optuna.load_study(study_name="t", storage=journal(str(tmp_path / "study.journal")))
+    figure = timeline(study_record(study, "journal"), study)
+    assert {row for trace in figure.data for row in trace.y} == rows
+    assert "<section id='timeline' data-drawn=\"true\">" in report.read_text()
 
 
 def test_a_worker_killed_mid_trial_leaves_the_budget_to_the_other(tmp_path):
@@ -161,6 +178,8 @@ def test_sigterm_to_the_parent_preempts_every_worker_and_the_command_resumes(tmp
     for t in trials[:2]:  # each worker preempted its trial and queued it again
         assert t.state == TrialState.FAIL and t.user_attrs["reason"] == "preempted"
     assert [t.state for t in trials[2:]] == [TrialState.WAITING] * 2
+    html = (tmp_path / "multirun" / "report.html").read_text()  # the stopped sweep's too
+    assert html.count("<td>preempted</td><td>preempted</td>") == 2
 
     rerun = _start(tmp_path, args)  # the same command
     _out, err = rerun.communicate(timeout=120)

@@ -51,7 +51,7 @@ def test_every_command_is_one_this_test_runs():
         if program in OTHERS or argv[:2] == ["bash", "scripts/setup.sh"]:
             continue
         kinds.add(argv[argv.index("-m") + 1] if "-m" in argv else program)
-    assert kinds == {"app.train", "app.export", "app.gpu_suite", "pytest"}, kinds
+    assert kinds == {"app.train", "app.export", "app.gpu_suite", "app.report", "pytest"}, kinds
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_each_training_command_composes_and_types(args):
     load_config(compose(inv.config_name, _overrides(inv)))
 
 
-@pytest.mark.parametrize("module", ["app.export", "app.gpu_suite"])
+@pytest.mark.parametrize("module", ["app.export", "app.gpu_suite", "app.report"])
 def test_the_other_commands_answer(module):
     flag = "--list" if module == "app.gpu_suite" else "--help"
     proc = subprocess.run(

@@ -131,3 +131,21 @@ def test_a_two_objective_study_prunes_a_hopeless_trial_and_keeps_its_pareto_fron
     results = OmegaConf.load(tmp_path / "multirun" / "optimization_results.yaml")
     complete = {t.number: list(t.values) for t in main if t.state == TrialState.COMPLETE}
     assert {s.number for s in results.solutions} == _pareto(complete)
+    _assert_the_report_draws_the_front_and_the_companions_curves(tmp_path)
+
+
+def _assert_the_report_draws_the_front_and_the_companions_curves(tmp_path: Path) -> None:
+    """The report of a two-objective study: its Pareto front, no single-objective history, and
+    the learning curves the companion study took (the main trials report nothing)."""
+    from app.studies.report.figures import curves
+    from hydra_plugins.hydratrain_optuna_sweeper._report import study_record
+
+    html = (tmp_path / "multirun" / "report.html").read_text()
+    assert "<section id='pareto' data-drawn=\"true\">" in html
+    assert "<section id='history'" not in html
+    study = optuna.load_study(study_name="t", storage=journal(str(tmp_path / "study.journal")))
+    record = study_record(study, "journal")
+    assert record.metrics == ("final_val_loss", "tokens_per_sec")
+    assert [len(t.curve) > 0 for t in record.trials] == [True] * 5
+    assert record.trials[3].ending == "pruned"
+    assert {trace.name for trace in curves(record, study).data} == {"complete (4)", "pruned (1)"}

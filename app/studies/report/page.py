@@ -82,7 +82,8 @@ def _head(record: StudyRecord) -> str:
     counts = ", ".join(f"{n} {e}" for e, n in sorted(endings(record.ran).items()))
     return (
         f"<h1>Study {html.escape(record.name)}</h1>"
-        f"<p>{html.escape(objectives)}; {len(record.ran)} trials run: {html.escape(counts)}."
+        f"<p>{html.escape(objectives)}; {len(record.ran)} trials run "
+        f"({len(record.lines())} configurations): {html.escape(counts)}."
         f"<br>Storage: <code>{html.escape(record.storage)}</code>; trials report in "
         f"{html.escape(record.unit)}.</p>"
     )
