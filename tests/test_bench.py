@@ -252,3 +252,15 @@ def test_the_fleet_table_gives_ratios_to_one_worker_and_medians_over_rounds() ->
     assert math.isclose(arms[2]["ratio_wall"], 120 / 64)
     table = fleet_table({"arms": arms, "rounds": 3})
     assert "| 2 | 16 | 64.0 | 900 | 1.88x |" in table and "0: 8, 1: 8" in table
+
+
+@pytest.mark.slow
+def test_report_bench_times_the_command_and_a_warm_process_against_its_imports() -> None:
+    from app.bench.study_report import report_bench_table, run_report_bench
+
+    report = run_report_bench(rounds=1, trials=30)
+    assert report["trials"] == 30 and report["report_bytes"] > 1_000_000  # plotly inlined
+    for key in ("whole_command_s", "in_process_s", "imports_baseline_s"):
+        assert len(report[key]) == 1 and report[key][0] > 0
+    table = report_bench_table(report)
+    assert table.count("\n| ") == 3 and "30 trials, 1 rounds" in table

@@ -124,7 +124,8 @@ def test_two_workers_on_their_own_devices_run_trials_with_no_barrier(tmp_path):
     lines = [ln for ln in out.splitlines() if "] Trial " in ln]
     assert len(lines) == 4 and all("COMPLETE" in ln and "(devices " in ln for ln in lines)
     assert "Fleet: 2 workers (devices 0: 0, 1: 1)" in out
-    _assert_one_report_with_a_row_per_worker(tmp_path, out, {"worker 0 (GPU 0)", "worker 1 (GPU 1)"})
+    rows = {"worker 0 (GPU 0)", "worker 1 (GPU 1)"}
+    _assert_one_report_with_a_row_per_worker(tmp_path, out, rows)
 
 
 def _assert_one_report_with_a_row_per_worker(tmp_path: Path, out: str, rows: set[str]) -> None:

@@ -5,6 +5,7 @@ installs) driven by Playwright; without either the browser test skips with one l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -32,7 +33,9 @@ MIXED = [(3e-3, 32), (1e-3, 32), (2e-3, 64), (8.5e-3, 32), (9.5e-3, 32), (3e-4, 
 
 
 def _sweep(tmp_path: Path, trials: list[tuple[float, int]], *extra: str):
-    enqueue = ",".join(f"{{training.lr:{lr},training.effective_batch_size:{b}}}" for lr, b in trials)
+    enqueue = ",".join(
+        f"{{training.lr:{lr},training.effective_batch_size:{b}}}" for lr, b in trials
+    )
     args = [
         f"hpo.n_trials={len(trials)}",
         "hpo.study_name=t",
@@ -79,7 +82,8 @@ def test_a_sweep_reports_each_trial_as_it_ended_with_its_line_and_batch_plan(mix
     }  # fmt: skip
     best = record.best()
     assert best is not None and best.command is not None
-    assert best.command.startswith("python -m app.train training.effective_batch_size=32 training.lr=0.003 ")
+    rerun = "python -m app.train training.effective_batch_size=32 training.lr=0.003 "
+    assert best.command.startswith(rerun)
     assert "hpo" not in best.command and "training.resume" not in best.command
 
 
@@ -110,12 +114,14 @@ SECTIONS_JS = """() => Array.from(document.querySelectorAll('section')).map(s =>
     points += Math.max(n(t.x), n(t.y), dims);
   }
   const img = s.querySelector('img');
-  return {id: s.id, drawn: s.dataset.drawn || null, svg: gd ? gd.querySelectorAll('.main-svg').length : 0,
-          points, image: img ? img.naturalWidth : 0, rows: s.querySelectorAll('tbody tr').length};
+  return {id: s.id, drawn: s.dataset.drawn || null,
+          svg: gd ? gd.querySelectorAll('.main-svg').length : 0, points,
+          image: img ? img.naturalWidth : 0, rows: s.querySelectorAll('tbody tr').length};
 })"""
 
 
 def test_the_report_opens_offline_in_chromium_with_every_section_drawn(mixed):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     chromium = _chromium()
@@ -129,7 +135,10 @@ def test_the_report_opens_offline_in_chromium_with_every_section_drawn(mixed):
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(page_file.as_uri())
-        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0")
+        with contextlib.suppress(PlaywrightTimeout):  # the assertions below say what is missing
+            page.wait_for_function(
+                "document.querySelectorAll('.js-plotly-plot .main-svg').length > 0", timeout=20_000
+            )
         sections = {s["id"]: s for s in page.evaluate(SECTIONS_JS)}
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOT), full_page=True)

@@ -21,6 +21,7 @@ from app.bench.parallel import parallel_table, run_parallel_bench
 from app.bench.profiles import CONTENDERS, PROFILES
 from app.bench.report import ablation_table, benchmark_table, machine_info
 from app.bench.schedule import run_ablations, run_benchmark
+from app.bench.study_report import report_bench_table, run_report_bench
 from app.bench.workers import worker_main
 
 
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         samplers = args.samplers.split(",")
         report = {"machine": machine_info(), **run_peers_bench(args.overrides, peers, samplers)}
         print(peers_tables(report))
+    elif args.report:
+        report = {"machine": machine_info(), **run_report_bench(args.rounds)}
+        print(report_bench_table(report))
     elif args.ablate:
         report = run_ablations(args)
         print(ablation_table(report))
@@ -101,6 +105,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="studies at a data budget vs fixed steps, against a grid's true best",
     )
+    p.add_argument(
+        "--report", action="store_true", help="time a study report of 200 trials (app.report)"
+    )
     p.add_argument("--seeds", default="0,1", help="batch-budget: comma-separated seeds")
     p.add_argument("--peers", help=f"hpo-peers: comma-separated subset of {','.join(HPO_PEERS)}")
     p.add_argument(
@@ -123,6 +130,7 @@ def default_json_path(args: argparse.Namespace) -> str:
         "parallel": args.parallel,
         "hpo-peers": args.hpo_peers,
         "batch-budget": args.batch_budget,
+        "report": args.report,
         "ablate": args.ablate,
     }
     kind = next((k for k, on in kinds.items() if on), "bench")
