@@ -128,6 +128,10 @@ def test_the_batch_size_study_runs_and_answers(tmp_path):
         assert row["noise_scale"] is not None
     assert (sweep / "batch_size_study.png").stat().st_size > 10_000
     assert "Batch-size study" in proc.stdout + proc.stderr
+    report = (sweep / "report.html").read_text()  # the curve is in the study's report too
+    assert "<section id='batch_size_study' data-drawn=\"true\"><h2>Batch-size study</h2>" in report
+    assert "<img alt='Batch-size study' src='data:image/png;base64,iVBOR" in report  # a PNG
+    assert "<td>probed</td>" in report or "<td>cached</td>" in report  # each trial's batch plan
 
 
 def test_the_batch_size_study_needs_a_sample_budget(tmp_path):
