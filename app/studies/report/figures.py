@@ -49,6 +49,19 @@ def parallel(record: StudyRecord, study: Any) -> Any:
     return plot_parallel_coordinate(study, **_target(record, study))
 
 
+def evaluator() -> Any:
+    """Optuna's default importance evaluator (fANOVA). Before Optuna 5 it needs scikit-learn,
+    which this project does not install: PED-ANOVA then, Optuna's own and dependency-free."""
+    import optuna
+
+    try:
+        return optuna.importance.FanovaImportanceEvaluator()
+    except ImportError:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "experimental" in Optuna 4
+            return optuna.importance.PedAnovaImportanceEvaluator()
+
+
 def importance_order(record: StudyRecord, study: Any) -> list[str]:
     """The parameters, most important first (by the first objective)."""
     import optuna
@@ -57,7 +70,7 @@ def importance_order(record: StudyRecord, study: Any) -> list[str]:
     target = None if len(study.directions) == 1 else (lambda t: t.values[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        found = optuna.importance.get_param_importances(study, target=target)
+        found = optuna.importance.get_param_importances(study, evaluator=evaluator(), target=target)
     if not found:
         raise NotDrawn("parameter importances need a parameter that varies")
     return list(found)
@@ -67,7 +80,7 @@ def importances(record: StudyRecord, study: Any) -> Any:
     from optuna.visualization import plot_param_importances
 
     importance_order(record, study)  # NotDrawn when there is nothing to rank
-    return plot_param_importances(study, **_target(record, study))
+    return plot_param_importances(study, evaluator=evaluator(), **_target(record, study))
 
 
 def slices(record: StudyRecord, study: Any) -> Any:

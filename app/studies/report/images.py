@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .figures import NotDrawn, importance_order
+from .figures import NotDrawn, evaluator, importance_order
 from .records import COLOURS, StudyRecord
 
 log = logging.getLogger(__name__)
@@ -79,4 +79,7 @@ def _importances(record: StudyRecord, study: Any) -> Any:
 
     importance_order(record, study)
     target = None if len(study.directions) == 1 else (lambda t: t.values[0])
-    return plot_param_importances(study, target=target, target_name=record.metrics[0]).figure
+    axes = plot_param_importances(
+        study, evaluator=evaluator(), target=target, target_name=record.metrics[0]
+    )
+    return axes.figure
