@@ -158,7 +158,8 @@ def test_bad_inputs_fail_before_any_trial(tmp_path, override, setting):
 
 def test_stock_sweeper_config_runs_unchanged(tmp_path):
     """tests/fake_app/conf/stock/sphere.yaml is written for hydra-optuna-sweeper (no hpo=...):
-    6 trials, a study in memory (storage: null) that leaves no file but the results."""
+    6 trials, a study in memory (storage: null) that leaves no file but the results and the
+    report."""
     _run(FAKE, tmp_path, "+stock=sphere", f"hydra.sweep.dir={tmp_path}/multirun")
     results = OmegaConf.load(tmp_path / "multirun" / "optimization_results.yaml")
     assert results.study_name == "sphere" and results.storage == "memory"
@@ -170,7 +171,8 @@ def test_stock_sweeper_config_runs_unchanged(tmp_path):
         "training.warmup_steps",
     }
     made = {p.name for p in (tmp_path / "multirun").iterdir()}
-    assert made == {*map(str, range(6)), "multirun.yaml", "optimization_results.yaml"}
+    report = {"report.html", "optimization_history.png", "param_importances.png"}  # no reports
+    assert made == {*map(str, range(6)), "multirun.yaml", "optimization_results.yaml", *report}
 
 
 def test_conditional_space_hook(tmp_path):

@@ -79,7 +79,9 @@ def test_storage_null_is_in_memory_and_leaves_no_file(tmp_path):
     sphere(tmp_path, "hydra.sweeper.n_trials=3")  # example/conf/config.yaml: storage: null
     assert _snapshot(STOCK) == before
     made = {p.name for p in (tmp_path / "sweep").iterdir()}
-    assert made == {"0", "1", "2", "multirun.yaml", "optimization_results.yaml"}
+    results = {"multirun.yaml", "optimization_results.yaml"}
+    report = {"report.html", "optimization_history.png", "param_importances.png"}
+    assert made == {"0", "1", "2", *results, *report}  # no study file
     assert _results(tmp_path).storage == "memory"
 
 
