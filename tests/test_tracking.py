@@ -248,3 +248,23 @@ def test_an_unreachable_mlflow_server_is_one_line_within_seconds(tmp_path, monke
         for name in HTTP_LIMITS:
             os.environ.pop(name, None)
     assert seen == [HTTP_LIMITS]  # MLflow's defaults would retry for about 4.5 minutes
+
+
+def test_each_tracker_starts_from_its_own_typed_settings(tmp_path):
+    """A tracker declares its settings' class; it is handed that node, typed, and a node of
+    another type is refused rather than read with getattr."""
+    from app.components.tracking import TRACKERS, Tracker
+    from app.components.tracking.config import TrackingConfig
+    from app.components.tracking.mlflow_sink import MlflowConfig
+    from app.components.tracking.wandb_sink import WandbConfig
+
+    tracking = TrackingConfig()
+    assert {t.name: t.settings for t in TRACKERS.all()} == {
+        "mlflow": MlflowConfig,
+        "wandb": WandbConfig,
+    }
+    seen = []
+    probe = Tracker("wandb", "wandb", "wandb", MlflowConfig, start=lambda s, *a: seen.append(s))
+    with pytest.raises(TypeError, match=r"tracking\.wandb is WandbConfig"):
+        probe.start_in(tracking, tmp_path, "run", None)
+    assert TRACKERS.get("mlflow").settings_in(tracking) is tracking.mlflow and not seen

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from app.components.tracking.base import Sink
 from app.core.redact import mask_url_passwords
@@ -23,16 +23,48 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 
+class TrackerSettings(Protocol):
+    """What every tracker's node under `tracking` has (each adds its own typed fields)."""
+
+    enabled: bool
+
+    def check(self) -> None: ...
+
+
+S = TypeVar("S", bound=TrackerSettings)
+
+
 @dataclass(frozen=True)
-class Tracker:
+class Tracker(Generic[S]):
+    """A tracker: its settings' class (the node tracking.<name>) and what it does with them."""
+
     name: str  # its node: tracking.<name>
     module: str  # the library it needs
     extra: str  # the pip extra that installs that library
-    start: Callable[[Any, Path, str, str | None], Sink]  # (its config, run dir, name, study)
-    check: Callable[[Any], None] | None = None  # what its library can refuse before a run
+    settings: type[S]
+    start: Callable[[S, Path, str, str | None], Sink]  # (its settings, run dir, name, study)
+    check: Callable[[S], None] | None = None  # what its library can refuse before a run
+
+    def settings_in(self, tracking: object) -> S:
+        """Its own typed settings, from the `tracking` node."""
+        node = getattr(tracking, self.name)
+        if not isinstance(node, self.settings):
+            raise TypeError(f"tracking.{self.name} is {type(node).__name__}, not {self.settings}")
+        return node
+
+    def enabled_in(self, tracking: object) -> bool:
+        return bool(self.settings_in(tracking).enabled)
+
+    def check_in(self, tracking: object) -> None:
+        if self.check is not None:
+            self.check(self.settings_in(tracking))
+
+    def start_in(self, tracking: object, run_dir: Path, name: str, study: str | None) -> Sink:
+        return self.start(self.settings_in(tracking), run_dir, name, study)
 
 
-TRACKERS: Registry[Tracker] = Registry(__name__, "tracking")
+# Each tracker's settings are its own type: the registry holds trackers of any of them.
+TRACKERS: Registry[Tracker[Any]] = Registry(__name__, "tracking")
 
 
 def tracked_config(config: DataclassInstance) -> dict[str, Any]:

@@ -157,7 +157,7 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {_NOT_IN_A_KEY.sub("_", prefix.rstrip(".")): node}
 
 
-def _check(cfg: Any) -> None:
+def _check(cfg: MlflowConfig) -> None:
     """An artifact location MLflow cannot store to, refused before the experiment exists."""
     if cfg.artifact_location:
         location = str(cfg.artifact_location)
@@ -165,8 +165,8 @@ def _check(cfg: Any) -> None:
             raise ConfigError(f"tracking.mlflow.artifact_location={location!r}: {why}")
 
 
-def _start(cfg: Any, run_dir: Path, run_name: str, study: str | None) -> Sink:
+def _start(cfg: MlflowConfig, run_dir: Path, run_name: str, study: str | None) -> Sink:
     return MlflowSink(cfg, run_name, {"run_dir": str(run_dir)})
 
 
-TRACKERS.add(Tracker("mlflow", module="mlflow", extra="mlflow", start=_start, check=_check))
+TRACKERS.add(Tracker("mlflow", "mlflow", "mlflow", MlflowConfig, start=_start, check=_check))

@@ -19,15 +19,14 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def enabled(tracking: TrackingConfig) -> list[tuple[Tracker, Any]]:
-    """The trackers asked for, each with its config node."""
-    nodes = [(t, getattr(tracking, t.name)) for t in TRACKERS.all()]
-    return [(t, node) for t, node in nodes if node.enabled]
+def enabled(tracking: TrackingConfig) -> list[Tracker[Any]]:
+    """The trackers asked for."""
+    return [t for t in TRACKERS.all() if t.enabled_in(tracking)]
 
 
 def check_trackers(tracking: TrackingConfig) -> None:
     """A tracker asked for whose library is missing: one line naming the setting and the extra."""
-    for tracker, node in enabled(tracking):
+    for tracker in enabled(tracking):
         if not installed(tracker.module):
             key, module, extra = tracker.name, tracker.module, tracker.extra
             raise ConfigError(
@@ -35,8 +34,7 @@ def check_trackers(tracking: TrackingConfig) -> None:
                 f'pip install "hydratrain[{extra}]" (in a checkout: pip install -e ".[{extra}]"), '
                 f"or tracking.{key}.enabled=false"
             )
-        if tracker.check is not None:
-            tracker.check(node)
+        tracker.check_in(tracking)
 
 
 def build_sinks(tracking: TrackingConfig, run_dir: Path, study: str | None) -> list[Sink]:
@@ -46,9 +44,9 @@ def build_sinks(tracking: TrackingConfig, run_dir: Path, study: str | None) -> l
 
     sinks = default_sinks(run_dir)
     name = "/".join(run_dir.parts[-2:])
-    for tracker, node in enabled(tracking):
+    for tracker in enabled(tracking):
         try:
-            sinks.append(tracker.start(node, run_dir, name, study))
+            sinks.append(tracker.start_in(tracking, run_dir, name, study))
         except Exception as exc:
             for sink in sinks:
                 sink.close(None)

@@ -78,8 +78,8 @@ def _plain(value: Any) -> bool:
     return isinstance(value, str | int | float | bool) or value is None
 
 
-def _start(cfg: Any, run_dir: Path, run_name: str, study: str | None) -> Sink:
+def _start(cfg: WandbConfig, run_dir: Path, run_name: str, study: str | None) -> Sink:
     return WandbSink(cfg, run_dir, run_name, study)
 
 
-TRACKERS.add(Tracker("wandb", module="wandb", extra="wandb", start=_start))
+TRACKERS.add(Tracker("wandb", "wandb", "wandb", WandbConfig, start=_start))
