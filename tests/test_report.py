@@ -112,8 +112,12 @@ def test_the_rerun_command_leaves_out_what_made_the_run_a_trial(tmp_path):
     (hydra / "overrides.yaml").write_text(
         "- hpo=optuna\n- training.lr=0.003\n- data.path=/my data\n- training.resume=/x\n"
         "- ++hpo.study_name=t\n- ++hpo.trial_number=4\n"
+        "- tracking.mlflow.tracking_uri=http://me:s3cret@mlflow:5000\n"
     )
-    expected = "python -m app.train training.lr=0.003 'data.path=/my data'"
+    expected = (
+        "python -m app.train training.lr=0.003 'data.path=/my data' "
+        "tracking.mlflow.tracking_uri=http://me:***@mlflow:5000"
+    )
     assert rerun_command(str(tmp_path)) == expected
     assert rerun_command(str(tmp_path / "gone")) is None
 

@@ -16,7 +16,15 @@ import optuna
 from omegaconf import OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
-from app.hpo import BATCH_STUDY_IMAGE, Ending, StudyRecord, TrialAttrs, TrialRecord, write_report
+from app.hpo import (
+    BATCH_STUDY_IMAGE,
+    Ending,
+    StudyRecord,
+    TrialAttrs,
+    TrialRecord,
+    mask_url_passwords,
+    write_report,
+)
 
 from . import _private as private
 from ._asha import PAUSED
@@ -116,7 +124,8 @@ def rerun_command(run_dir: str | None) -> str | None:
     except Exception:  # a damaged record: no command rather than a wrong one
         return None
     kept = [o for o in overrides if not o.startswith(JOB_ONLY)]
-    return " ".join(["python -m app.train", *(shlex.quote(o) for o in kept)])
+    # A URL's password (a tracker's URI, a data URL) is *** here as in every file the sweep writes.
+    return mask_url_passwords(" ".join(["python -m app.train", *(shlex.quote(o) for o in kept)]))
 
 
 def _companion_reports(study: optuna.Study) -> dict[int, dict[int, float]]:
