@@ -168,3 +168,17 @@ def test_the_training_defaults_live_once_in_the_schema():
 
     assert not OmegaConf.load(ROOT / "conf" / "training" / "default.yaml")
     assert config(["gpu=cpu"]).training == TrainingConfig()
+
+
+def test_the_fleet_is_given_what_it_needs_not_the_sweeper():
+    """The fleet once held the sweeper and read its config and context, and read the hpo node
+    again: now it gets its plan, the config its launcher needs and a job factory, and the hpo
+    node is read once, by the settings."""
+    import dataclasses
+
+    from hydra_plugins.hydratrain_optuna_sweeper._fleet_run import Fleet
+
+    assert [f.name for f in dataclasses.fields(Fleet)] == ["plan", "config", "make_job"]
+    plugin = ROOT / "hydra_plugins" / "hydratrain_optuna_sweeper"
+    readers = {p.name for p in plugin.glob("*.py") if "read_hpo(" in p.read_text()}
+    assert readers == {"_settings.py"}, readers

@@ -5,30 +5,37 @@ basic launcher, jobs of any other launcher (`_fleet_jobs`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from omegaconf import DictConfig
 
 from app.hpo import visible_gpus
 
 from ._errors import SweepConfigError
 from ._fleet import LocalFleet, TrialTicker
-from ._fleet_jobs import FleetJob, launch_fleet, worker_config
+from ._fleet_jobs import FleetJob, launch_fleet
 from ._fleet_plan import FleetPlan, fleet_worker, plan_fleet
 from ._results import write_results
-from ._settings import SweepSettings, read_hpo
+from ._settings import SweepSettings
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Fleet:
+    """A fleet of workers, with what running it needs: its plan, the sweep's config (whose
+    launcher starts a launcher fleet's jobs), and how to make the job each launched worker
+    runs (built only for such a fleet: it composes the config once more)."""
+
     plan: FleetPlan
-    sweeper: Any  # the OptunaSweeperImpl that plans and launches
-    arguments: list[str]
+    config: DictConfig
+    make_job: Callable[[FleetPlan], FleetJob]
 
     @property
     def local(self) -> bool:
-        return runs_here(self.sweeper.config)
+        return runs_here(self.config)
 
     def run(self, plan: Any) -> int:
         """Run the fleet on `plan.study` until its budget is spent; the fleet's status."""
@@ -45,9 +52,8 @@ class Fleet:
             if self.local:
                 return LocalFleet(self.plan, plan.study, s, plan.sweep_dir).run()
             ticker = TrialTicker(plan.study)
-            return launch_fleet(
-                self._job(), self.sweeper.config, self.plan, ticker, s.liveness.poll_interval
-            )
+            job = self.make_job(self.plan)
+            return launch_fleet(job, self.config, self.plan, ticker, s.liveness.poll_interval)
         finally:
             write_results(
                 plan.study,
@@ -57,19 +63,6 @@ class Fleet:
                 s.batch_size_study,
             )
 
-    def _job(self) -> FleetJob:
-        sw = self.sweeper
-        return FleetJob(
-            sweeper_cls=type(sw),
-            options=dict(sw.options),
-            stock_node=sw.stock_node,
-            hydra_context=sw.hydra_context,
-            task_function=sw.task_function,
-            config=worker_config(sw.hydra_context, sw.config),
-            arguments=list(self.arguments),
-            envs=[self.plan.env(i) for i in range(self.plan.workers)],
-        )
-
 
 def runs_here(config: Any) -> bool:
     """Hydra's basic launcher runs jobs one after another in this process: a fleet's workers
@@ -78,16 +71,19 @@ def runs_here(config: Any) -> bool:
     return str(choices.get("hydra/launcher", "basic")) == "basic"
 
 
-def plan_fleet_of(sweeper: Any, s: SweepSettings, arguments: list[str]) -> Fleet | None:
-    """The fleet hpo.workers asks for, checked; None for a lone worker (or a fleet's own)."""
-    hpo = read_hpo(sweeper.config.get("hpo"))
-    if hpo is None:
+def plan_fleet_of(
+    s: SweepSettings, config: DictConfig, make_job: Callable[[FleetPlan], FleetJob]
+) -> Fleet | None:
+    """The fleet hpo.workers asks for (`s.fleet`), checked; None for a lone worker (or a
+    fleet's own)."""
+    ask = s.fleet
+    if ask is None:
         return None
     # A launcher's jobs run on the nodes it picks, with the devices it gives them: this
     # node's GPUs say nothing about theirs (hpo.devices, when set, pins them all the same).
-    visible = visible_gpus() if runs_here(sweeper.config) else []
-    plan = plan_fleet(hpo.workers, hpo.devices, hpo.gpus_per_trial, hpo.trials_per_gpu, visible)
-    check_ranked_trials(hpo.gpus_per_trial, s)
+    visible = visible_gpus() if runs_here(config) else []
+    plan = plan_fleet(ask.workers, ask.devices, ask.gpus_per_trial, ask.trials_per_gpu, visible)
+    check_ranked_trials(ask.gpus_per_trial, s)
     if not plan.is_fleet or fleet_worker():
         return None
     if s.budget.per_run:
@@ -102,7 +98,7 @@ def plan_fleet_of(sweeper: Any, s: SweepSettings, arguments: list[str]) -> Fleet
             f"{s.storage.key} keeps it in this process's memory; allowed: a journal file "
             "(one node) or a database URL (a cluster)"
         )
-    return Fleet(plan, sweeper, list(arguments))
+    return Fleet(plan, config, make_job)
 
 
 def check_ranked_trials(k: int, s: SweepSettings) -> None:

@@ -25,7 +25,8 @@ from ._checks import check_objectives, check_space
 from ._companion import Judge, open_companion
 from ._cost import CostCap
 from ._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
-from ._fleet_plan import fleet_worker, seeded_for_worker
+from ._fleet_jobs import FleetJob, worker_config
+from ._fleet_plan import FleetPlan, fleet_worker, seeded_for_worker
 from ._fleet_run import Fleet, plan_fleet_of
 from ._line_sampler import LineSampler, unwrapped
 from ._report import describe, write_sweep_report
@@ -113,7 +114,7 @@ class OptunaSweeperImpl(Sweeper):
         _check_batch_study(s, schedule)
         pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions), schedule)
         judged_by = build_pruner(s.pruner, s.pruner_args, 1, schedule)  # the report metric's
-        self.fleet = plan_fleet_of(self, s, arguments)
+        self.fleet = plan_fleet_of(s, self.config, lambda fleet: self._fleet_job(fleet, arguments))
         study = self._open_study(s, sampler, pruner)
         if schedule is not None:
             describe(study, s.metrics, schedule.unit, schedule.last)
@@ -144,6 +145,21 @@ class OptunaSweeperImpl(Sweeper):
             constraints=s.reports
             and not isinstance(unwrapped(sampler), optuna.samplers.CmaEsSampler),
             judge=judge,
+        )
+
+    def _fleet_job(self, fleet: FleetPlan, arguments: list[str]) -> FleetJob:
+        """What each launched worker runs: this sweeper again, from what it was made of."""
+        assert self.hydra_context is not None and self.task_function is not None
+        assert self.config is not None
+        return FleetJob(
+            sweeper_cls=type(self),
+            options=dict(self.options),
+            stock_node=self.stock_node,
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=worker_config(self.hydra_context, self.config),
+            arguments=list(arguments),
+            envs=[fleet.env(i) for i in range(fleet.workers)],
         )
 
     def _report(self, plan: Plan) -> None:

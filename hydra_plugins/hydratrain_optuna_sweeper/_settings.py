@@ -109,6 +109,17 @@ class Liveness:
     poll_interval: float
 
 
+@dataclass(frozen=True)
+class FleetAsk:
+    """What hpo.workers, devices, gpus_per_trial and trials_per_gpu ask for, as written
+    (`_fleet_plan.plan_fleet` checks them against the machine)."""
+
+    workers: int | str = 1  # a number, or auto
+    devices: list[Any] | str | None = None
+    gpus_per_trial: int = 1
+    trials_per_gpu: int = 1
+
+
 @dataclass
 class SweepSettings:
     study_name: str | None  # None: Optuna names a fresh study
@@ -140,6 +151,7 @@ class SweepSettings:
     # hpo.report_metric's own direction (filled once known): the pruning companion's, for
     # several objectives
     report_direction: str = "minimize"
+    fleet: FleetAsk | None = None  # None: no hpo node (the stock surface alone), no fleet
 
     @property
     def multi_objective(self) -> bool:
@@ -215,6 +227,7 @@ def read_settings(stock: StockKeys, hpo_node: Any, sweep_dir: str) -> SweepSetti
         reports=hpo is not None,
         budget_s=h.budget_s if hpo else None,
         batch_size_study=h.batch_size_study if hpo else None,
+        fleet=FleetAsk(h.workers, h.devices, h.gpus_per_trial, h.trials_per_gpu) if hpo else None,
     )
     check(s)
     return s
