@@ -86,7 +86,9 @@ class StockKeys:
 
 
 @dataclass(frozen=True)
-class Budget:
+class TrialCount:
+    """The n_trials setting: how many, and of what (`_study.Budget` hands them out)."""
+
     n_trials: int
     per_run: bool  # stock: this many more trials per run; ours: a study-wide total
     key: str
@@ -124,7 +126,7 @@ class FleetAsk:
 class SweepSettings:
     study_name: str | None  # None: Optuna names a fresh study
     storage: StorageSpec
-    budget: Budget
+    budget: TrialCount
     n_jobs: int
     directions: list[str | None]  # None: the metric's own direction (filled once known)
     direction_key: str
@@ -204,7 +206,7 @@ def read_settings(stock: StockKeys, hpo_node: Any, sweep_dir: str) -> SweepSetti
     s = SweepSettings(
         study_name=_study_name(stock, h),
         storage=_storage(stock, h, sweep_dir),
-        budget=Budget(n_trials, per_run=stock.n_trials is not None, key=n_trials_key),
+        budget=TrialCount(n_trials, per_run=stock.n_trials is not None, key=n_trials_key),
         n_jobs=stock.n_jobs if stock.n_jobs is not None else 1,
         directions=_directions(direction, direction_key, metrics),
         direction_key=direction_key,
