@@ -7,6 +7,7 @@ A study of plain Optuna reads too: its trials have states, values, params and re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shlex
 import warnings
@@ -63,7 +64,7 @@ def study_record(study: optuna.Study, storage: str) -> StudyRecord:
     metrics = tuple(names) if len(names) == n else tuple(f"objective {i}" for i in range(n))
     reports = _companion_reports(study)
     budget = study.user_attrs.get(BUDGET)
-    return StudyRecord(
+    record = StudyRecord(
         name=study.study_name,
         directions=tuple(d.name.lower() for d in study.directions),
         metrics=metrics,
@@ -72,6 +73,18 @@ def study_record(study: optuna.Study, storage: str) -> StudyRecord:
         budget=int(budget) if isinstance(budget, int | float) else None,
         storage=storage,
     )
+    return _with_rerun_command(record)
+
+
+def _with_rerun_command(record: StudyRecord) -> StudyRecord:
+    """The best trial with the command that reruns it (read from its run dir: one file, not
+    one per trial)."""
+    best = record.best()
+    if best is None:
+        return record
+    rerun = dataclasses.replace(best, command=rerun_command(best.run_dir))
+    trials = tuple(rerun if t is best else t for t in record.trials)
+    return dataclasses.replace(record, trials=trials)
 
 
 def trial_record(t: FrozenTrial, reports: dict[int, float] | None = None) -> TrialRecord:
@@ -96,7 +109,6 @@ def trial_record(t: FrozenTrial, reports: dict[int, float] | None = None) -> Tri
         batch_source=attrs.batch_source,
         run_dir=attrs.run_dir,
         reason=str(t.user_attrs.get("reason", "")),
-        command=rerun_command(attrs.run_dir),
     )
 
 
