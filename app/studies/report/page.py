@@ -37,7 +37,7 @@ class Plot:
     id: str
     title: str
     build: Builder
-    several_objectives: bool | None = None  # None: any study; else only studies that (don't)
+    several_objectives: bool | None = None  # None: every study; True or False: only those
 
 
 PLOTS = (
