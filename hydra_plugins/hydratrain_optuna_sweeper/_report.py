@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 from app.hpo import (
     BATCH_STUDY_IMAGE,
     Ending,
+    Status,
     StudyRecord,
     TrialAttrs,
     TrialRecord,
@@ -36,12 +37,13 @@ log = logging.getLogger(__name__)
 
 UNIT = "hpo:report_unit"  # study user attrs: the axis trials report on, and its end
 BUDGET = "hpo:report_budget"
-# A trial's reason (user attr `reason`, `_outcomes.py`) -> how the report says it ended.
+# A trial's reason (user attr `reason`, written by `_outcomes.py` in the runs' Status words)
+# -> how the report says it ended.
 ENDINGS: dict[str, Ending] = {
-    "paused": "paused",
-    "oom": "oom",
-    "diverged": "diverged",
-    "preempted": "preempted",
+    Status.PAUSED.value: "paused",
+    Status.OOM.value: "oom",
+    Status.DIVERGED.value: "diverged",
+    Status.PREEMPTED.value: "preempted",
 }
 # Job overrides that make a run a trial: a rerun of the configuration leaves them out.
 JOB_ONLY = ("hpo=", "hpo.", "+hpo.", "++hpo.", "training.resume=")
@@ -68,7 +70,9 @@ def study_record(study: optuna.Study, storage: str) -> StudyRecord:
         name=study.study_name,
         directions=tuple(d.name.lower() for d in study.directions),
         metrics=metrics,
-        trials=tuple(trial_record(t, reports.get(t.number)) for t in study.get_trials()),
+        trials=tuple(
+            trial_record(t, reports.get(t.number)) for t in study.get_trials(deepcopy=False)
+        ),
         unit=str(study.user_attrs.get(UNIT, "steps")),
         budget=int(budget) if isinstance(budget, int | float) else None,
         storage=storage,
