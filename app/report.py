@@ -13,7 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m app.report", description=__doc__.splitlines()[0])
     p.add_argument("--storage", required=True, help="a database URL or an Optuna journal file")
     p.add_argument("--study", help="the study's name (needed when the storage holds several)")
-    p.add_argument("--out", help="where to write (default: the journal's folder, else here)")
+    p.add_argument(
+        "--out", help="where to write (default: <the journal's folder, else here>/<study>)"
+    )
     args = p.parse_args(argv)
     from hydra_plugins.hydratrain_optuna_sweeper.report import ReportError, write_study_report
 

@@ -194,3 +194,24 @@ def test_app_report_refuses_a_storage_or_study_it_cannot_read_in_one_line(
     assert report_main([*(storage if args[0] == "--study" else []), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith(line) and err.count("\n") == 1
+
+
+def test_app_report_gives_each_study_of_a_folder_its_own_report(tmp_path, monkeypatch):
+    """Journals share a folder (outputs/hpo/*.journal): without --out, each study's report goes
+    to <the journal's folder>/<study>/, and a database's to ./<study>/, so none replaces
+    another's."""
+    from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "journals" / "study.journal"
+    path.parent.mkdir()
+    for name in ("a", "b"):
+        study = optuna.create_study(study_name=name, storage=journal(str(path)))
+        study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+        assert report_main(["--storage", str(path), "--study", name]) == 0
+    for name in ("a", "b"):
+        assert f"<title>Study {name}</title>" in (path.parent / name / "report.html").read_text()
+    study = optuna.create_study(study_name="c", storage=f"sqlite:///{tmp_path}/c.db")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert report_main(["--storage", f"sqlite:///{tmp_path}/c.db"]) == 0
+    assert (tmp_path / "c" / "report.html").is_file()

@@ -13,7 +13,7 @@ class ReportError(Exception):
 
 def write_study_report(storage: str, study_name: str | None, out: str | None) -> Path:
     """Write report.html (and its PNGs) for `study_name` of `storage` (a database URL or an
-    Optuna journal file) into `out` (default: the journal's folder, else the working dir)."""
+    Optuna journal file) into `out` (default: `default_out`)."""
     import optuna
 
     from ._errors import SweepConfigError
@@ -32,10 +32,17 @@ def write_study_report(storage: str, study_name: str | None, out: str | None) ->
         raise ReportError(mask(f"--storage={storage!r} cannot be read: {e}")) from None
     name = _pick(study_name, [n for n in names if ":" not in n] or names)
     study = optuna.load_study(study_name=name, storage=store)
-    target = Path(out) if out else (Path(storage).parent if "://" not in storage else Path("."))
+    target = Path(out) if out else default_out(storage, name)
     from app.hpo import write_report
 
     return write_report(study_record(study, mask(storage)), study, target)
+
+
+def default_out(storage: str, study_name: str) -> Path:
+    """<the journal's folder, or here>/<study>: the studies of one folder (outputs/hpo/*.journal)
+    keep a report each, beside their sweeps (outputs/hpo/<study>/<time>/)."""
+    base = Path(storage).parent if "://" not in storage else Path(".")
+    return base / study_name.replace("/", "_")
 
 
 def _pick(name: str | None, names: list[str]) -> str:
