@@ -24,7 +24,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 IMAGE = "batch_size_study.png"
 
@@ -72,7 +71,7 @@ class BatchStudyResult:
     fastest_batch: int | None = None  # the least wall time to the target on this device
     notes: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 

@@ -8,11 +8,14 @@ The sweeper writes one after every sweep; `python -m app.report` writes one for 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .images import write_images
 from .page import render
 from .records import COLOURS, Ending, Line, StudyRecord, TrialRecord
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 REPORT = "report.html"
 
@@ -20,7 +23,7 @@ __all__ = ["COLOURS", "REPORT", "Ending", "Line", "StudyRecord", "TrialRecord", 
 
 
 def write_report(
-    record: StudyRecord, study: Any, out: str | Path, extra_images: dict[str, Path] | None = None
+    record: StudyRecord, study: Study, out: str | Path, extra_images: dict[str, Path] | None = None
 ) -> Path:
     """Write out/report.html and the PNGs beside it; `extra_images` ({title: png}) are embedded
     too (the batch-size study's curve). Returns the page's path."""

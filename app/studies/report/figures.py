@@ -11,23 +11,31 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .records import COLOURS, Ending, Line, StudyRecord, TrialRecord
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.importance import BaseImportanceEvaluator
+    from optuna.trial import FrozenTrial
+    from plotly.graph_objects import Figure, Scatter
 
 
 class NotDrawn(Exception):
     """A figure the study has no data for (its message says what is missing)."""
 
 
-def _target(record: StudyRecord, study: Any) -> dict[str, Any]:
-    """Optuna's plots of one objective: the first, by name, for several."""
-    if len(study.directions) == 1:
-        return {"target_name": record.metrics[0]}
-    return {"target": lambda t: t.values[0], "target_name": record.metrics[0]}
+def _target(study: Study) -> Callable[[FrozenTrial], float] | None:
+    """Optuna's plots of one objective: the first, for several (named record.metrics[0])."""
+    return None if len(study.directions) == 1 else _first_value
 
 
-def _completed(study: Any, at_least: int, what: str) -> None:
+def _first_value(t: FrozenTrial) -> float:
+    return t.values[0]
+
+
+def _completed(study: Study, at_least: int, what: str) -> None:
     from optuna.trial import TrialState
 
     n = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
@@ -35,21 +43,21 @@ def _completed(study: Any, at_least: int, what: str) -> None:
         raise NotDrawn(f"{what} needs {at_least} completed trials; the study has {n}")
 
 
-def history(record: StudyRecord, study: Any) -> Any:
+def history(record: StudyRecord, study: Study) -> Figure:
     from optuna.visualization import plot_optimization_history
 
     _completed(study, 1, "the history")
-    return plot_optimization_history(study, **_target(record, study))
+    return plot_optimization_history(study, target=_target(study), target_name=record.metrics[0])
 
 
-def parallel(record: StudyRecord, study: Any) -> Any:
+def parallel(record: StudyRecord, study: Study) -> Figure:
     from optuna.visualization import plot_parallel_coordinate
 
     _completed(study, 2, "parallel coordinates")
-    return plot_parallel_coordinate(study, **_target(record, study))
+    return plot_parallel_coordinate(study, target=_target(study), target_name=record.metrics[0])
 
 
-def evaluator() -> Any:
+def evaluator() -> BaseImportanceEvaluator:
     """Optuna's default importance evaluator (fANOVA). Before Optuna 5 it needs scikit-learn,
     which this project does not install: PED-ANOVA then, Optuna's own and dependency-free."""
     import optuna
@@ -62,35 +70,38 @@ def evaluator() -> Any:
             return optuna.importance.PedAnovaImportanceEvaluator()
 
 
-def importance_order(record: StudyRecord, study: Any) -> list[str]:
+def importance_order(record: StudyRecord, study: Study) -> list[str]:
     """The parameters, most important first (by the first objective)."""
     import optuna
 
     _completed(study, 2, "parameter importances")
-    target = None if len(study.directions) == 1 else (lambda t: t.values[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        found = optuna.importance.get_param_importances(study, evaluator=evaluator(), target=target)
+        found = optuna.importance.get_param_importances(
+            study, evaluator=evaluator(), target=_target(study)
+        )
     if not found:
         raise NotDrawn("parameter importances need a parameter that varies")
     return list(found)
 
 
-def importances(record: StudyRecord, study: Any) -> Any:
+def importances(record: StudyRecord, study: Study) -> Figure:
     from optuna.visualization import plot_param_importances
 
     importance_order(record, study)  # NotDrawn when there is nothing to rank
-    return plot_param_importances(study, evaluator=evaluator(), **_target(record, study))
+    return plot_param_importances(
+        study, evaluator=evaluator(), target=_target(study), target_name=record.metrics[0]
+    )
 
 
-def slices(record: StudyRecord, study: Any) -> Any:
+def slices(record: StudyRecord, study: Study) -> Figure:
     from optuna.visualization import plot_slice
 
     top = importance_order(record, study)[:2]
-    return plot_slice(study, params=top, **_target(record, study))
+    return plot_slice(study, params=top, target=_target(study), target_name=record.metrics[0])
 
 
-def pareto(record: StudyRecord, study: Any) -> Any:
+def pareto(record: StudyRecord, study: Study) -> Figure:
     from optuna.visualization import plot_pareto_front
 
     if len(study.directions) < 2:
@@ -100,7 +111,7 @@ def pareto(record: StudyRecord, study: Any) -> Any:
     return plot_pareto_front(study, target_names=names if len(names) <= 3 else None)
 
 
-def curves(record: StudyRecord, study: Any) -> Any:
+def curves(record: StudyRecord, study: Study) -> Figure:
     """One curve per line, coloured by how it ended; a diamond where asha paused it."""
     import plotly.graph_objects as go
 
@@ -111,7 +122,7 @@ def curves(record: StudyRecord, study: Any) -> Any:
     for ending in COLOURS:
         group = [line for line in lines if line.ending == ending]
         if group:
-            fig.add_trace(_curve_trace(go, ending, group))
+            fig.add_trace(_curve_trace(ending, group))
     pauses = [(line, at) for line in lines for at in line.pauses]
     if pauses:
         values = [dict(line.curve)[at] for line, at in pauses]
@@ -130,8 +141,10 @@ def curves(record: StudyRecord, study: Any) -> Any:
     return fig
 
 
-def _curve_trace(go: Any, ending: Ending, group: list[Line]) -> Any:
+def _curve_trace(ending: Ending, group: list[Line]) -> Scatter:
     """The lines of one ending as one trace, split by gaps (fast for hundreds of lines)."""
+    import plotly.graph_objects as go
+
     xs: list[int | None] = []
     ys: list[float | None] = []
     text: list[str] = []
@@ -161,7 +174,7 @@ def who(t: TrialRecord) -> str:
     return f"{name} (GPU {t.devices})" if t.devices else name
 
 
-def timeline(record: StudyRecord, study: Any) -> Any:
+def timeline(record: StudyRecord, study: Study) -> Figure:
     """When each trial ran, one row per worker and device: the gaps are idle devices."""
     import plotly.graph_objects as go
 
@@ -190,7 +203,7 @@ def timeline(record: StudyRecord, study: Any) -> Any:
     return fig
 
 
-def cost(record: StudyRecord, study: Any) -> Any:
+def cost(record: StudyRecord, study: Study) -> Figure:
     """Device-seconds per trial, coloured by how it ended."""
     import plotly.graph_objects as go
 
@@ -221,4 +234,4 @@ def _iso(d: datetime | None) -> str:
     return d.isoformat(sep=" ") if d is not None else ""
 
 
-Builder = Callable[[StudyRecord, Any], Any]
+Builder = Callable[[StudyRecord, "Study"], "Figure"]

@@ -6,10 +6,15 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .figures import NotDrawn, evaluator, importance_order
 from .records import COLOURS, StudyRecord
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from optuna import Study
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +23,7 @@ CURVES = "learning_curves.png"
 IMPORTANCES = "param_importances.png"
 
 
-def write_images(record: StudyRecord, study: Any, out: Path) -> list[Path]:
+def write_images(record: StudyRecord, study: Study, out: Path) -> list[Path]:
     """The PNGs that could be drawn; one that cannot is skipped with a debug line."""
     import matplotlib
 
@@ -40,13 +45,13 @@ def write_images(record: StudyRecord, study: Any, out: Path) -> list[Path]:
     return written
 
 
-def _close(figure: Any) -> None:
+def _close(figure: Figure) -> None:
     import matplotlib.pyplot as plt
 
     plt.close(figure)
 
 
-def _curves(record: StudyRecord, study: Any) -> Any:
+def _curves(record: StudyRecord, study: Study) -> Figure:
     import matplotlib.pyplot as plt
 
     lines = [line for line in record.lines() if line.curve]
@@ -66,15 +71,15 @@ def _curves(record: StudyRecord, study: Any) -> Any:
     return figure
 
 
-def _history(record: StudyRecord, study: Any) -> Any:
+def _history(record: StudyRecord, study: Study) -> Figure:
     from optuna.visualization.matplotlib import plot_optimization_history
 
     if len(study.directions) != 1 or record.best() is None:
         raise NotDrawn("the history is drawn for one objective with a completed trial")
-    return plot_optimization_history(study, target_name=record.metrics[0]).figure
+    return _figure(plot_optimization_history(study, target_name=record.metrics[0]))
 
 
-def _importances(record: StudyRecord, study: Any) -> Any:
+def _importances(record: StudyRecord, study: Study) -> Figure:
     from optuna.visualization.matplotlib import plot_param_importances
 
     importance_order(record, study)
@@ -82,4 +87,14 @@ def _importances(record: StudyRecord, study: Any) -> Any:
     axes = plot_param_importances(
         study, evaluator=evaluator(), target=target, target_name=record.metrics[0]
     )
-    return axes.figure
+    return _figure(axes)
+
+
+def _figure(axes: Axes) -> Figure:
+    """The figure an Optuna plot drew on: its own, never a subfigure of another."""
+    from matplotlib.figure import Figure
+
+    figure = axes.figure
+    if not isinstance(figure, Figure):
+        raise NotDrawn("the plot was drawn into a subfigure")
+    return figure

@@ -10,7 +10,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .figures import (
     Builder,
@@ -26,6 +26,9 @@ from .figures import (
 )
 from .records import StudyRecord, endings
 from .tables import best_table, cost_table, plan_table, workers_table
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ def plots_for(record: StudyRecord) -> list[Plot]:
     return [p for p in PLOTS if p.several_objectives in (None, several)]
 
 
-def render(record: StudyRecord, study: Any, images: dict[str, Path]) -> str:
+def render(record: StudyRecord, study: Study, images: dict[str, Path]) -> str:
     """The page: a head with the study's facts, then one section per plot, table and image."""
     from plotly.offline import get_plotlyjs
 
@@ -96,7 +99,7 @@ def _summary(record: StudyRecord) -> str:
     return "\n".join(sections)
 
 
-def _plot_section(plot: Plot, record: StudyRecord, study: Any) -> str:
+def _plot_section(plot: Plot, record: StudyRecord, study: Study) -> str:
     try:
         figure = plot.build(record, study)
     except NotDrawn as e:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 # How a trial (or a line) ended, with the colour the report draws it in.
 Ending = Literal[
@@ -43,7 +43,7 @@ class TrialRecord:
     ending: Ending
     line: int  # the number of the line's first trial (its own for most trials)
     values: tuple[float, ...] | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)  # as Optuna gives them
     curve: tuple[tuple[int, float], ...] = ()  # (report axis, reported value), in order
     started: datetime | None = None
     ended: datetime | None = None

@@ -7,7 +7,6 @@ import html
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from .figures import who
 from .records import Line, StudyRecord, TrialRecord
@@ -15,13 +14,13 @@ from .records import Line, StudyRecord, TrialRecord
 PRUNED_ENDINGS = ("pruned", "paused")  # lines a pruner stopped before the budget
 
 
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _cell(v: Any) -> str:
+def _cell(v: object) -> str:
     if v is None:
         return ""
     if isinstance(v, float):
@@ -107,7 +106,7 @@ def cost_table(record: StudyRecord) -> str:
     paid = [t.device_seconds for t in record.ran if t.device_seconds is not None]
     spent = sum(paid)
     s = savings(record)
-    rows: list[tuple[str, Any]] = [
+    rows: list[tuple[str, object]] = [
         ("device-seconds, all trials", spent if paid else "not recorded"),
         ("lines the pruner stopped (pruned, or paused and never promoted)", s.lines),
         (f"{record.unit} they did not run", s.axis_saved),
