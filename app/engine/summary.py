@@ -10,8 +10,10 @@ never produced (no export, no MFU on an unknown device) is left out rather than 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from app.core.outcomes import Status
@@ -120,6 +122,11 @@ class Summary:
         taken |= {f"final_val_{k}" for k in summary.final_val}
         summary.task_fields = {k: v for k, v in data.items() if k not in taken}
         return summary
+
+    @classmethod
+    def read(cls, run_dir: str | Path) -> Summary:
+        """The summary.json a run left in `run_dir`."""
+        return cls.from_json(json.loads(Path(run_dir, "summary.json").read_text()))
 
     def value(self, key: str) -> Any:
         """A summary.json key's value (KeyError when a run of this kind does not write it)."""
