@@ -25,8 +25,6 @@ the allocator fails, so agreeing needs no device sync, only the hosts meeting.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 
@@ -43,7 +41,9 @@ class Agreement:
     """This rank's side of the agreement; off (faults raise as they are) in one process or
     when recovery is off, where a boundary only runs the fault check."""
 
-    def __init__(self, rank: int = 0, enabled: bool = False, group: Any = None) -> None:
+    def __init__(
+        self, rank: int = 0, enabled: bool = False, group: dist.ProcessGroup | None = None
+    ) -> None:
         self.rank = rank
         self.enabled = enabled
         self.group = group  # a host (gloo) process group; None: the default one

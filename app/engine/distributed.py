@@ -9,10 +9,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -26,7 +26,7 @@ class DistInfo:
     parallelism: str = "ddp"  # training.parallelism: ddp | fsdp
     # Where the ranks agree on host-side flags (out of memory): a gloo group beside NCCL, so
     # agreeing never waits for the GPU; None: the default group (gloo already).
-    host_group: Any = None
+    host_group: dist.ProcessGroup | None = None
     owns_group: bool = False  # this run joined the process group, so it leaves it
 
     @property
@@ -82,16 +82,25 @@ def no_sync(model: torch.nn.Module, sync: bool) -> contextlib.AbstractContextMan
     return model.no_sync()
 
 
+class OnRanks(Protocol):
+    """What runs on the ranks: a run, a probe's run."""
+
+    @property
+    def dist(self) -> DistInfo: ...
+
+
+R = TypeVar("R", bound=OnRanks)
+P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def without_autograd(fn: Callable[..., T]) -> Callable[..., T]:
+def without_autograd(fn: Callable[Concatenate[R, P], T]) -> Callable[Concatenate[R, P], T]:
     """Run `fn(run, ...)` under torch.inference_mode(), or torch.no_grad() when the model is
     sharded: FSDP allocates the buffers it gathers weights into on first use, and made in
     inference mode they could not serve the training forwards after it (torch 2.13)."""
 
     @functools.wraps(fn)
-    def wrapper(run: Any, *args: Any, **kwargs: Any) -> T:
+    def wrapper(run: R, /, *args: P.args, **kwargs: P.kwargs) -> T:
         mode = torch.no_grad() if run.dist.sharded else torch.inference_mode()
         with mode:
             return fn(run, *args, **kwargs)
@@ -149,7 +158,9 @@ def barrier(info: DistInfo) -> None:
 _HOST_BUFFERS: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
 
 
-def host_buffer(name: str, values: list[Any], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def host_buffer(
+    name: str, values: Sequence[float], dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
     """A host tensor holding `values` for a small collective, the same tensor each time and
     kept for the life of the process. gloo's worker thread frees a collective's tensors late,
     up to when the group is destroyed; freeing one whose Python object is gone needs the

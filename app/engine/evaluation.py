@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
 import torch
 
@@ -17,7 +16,7 @@ from app.engine.agreement import AgreedOOM
 from app.engine.batch.plan import eval_padding
 from app.engine.distributed import all_reduce_sum, any_rank, unwrap_ddp, without_autograd
 from app.engine.recovery import release_after_oom, shrink_eval_micro_batch, shrink_micro_batch
-from app.engine.run import Run
+from app.engine.run import Inputs, Run, Samples
 from app.engine.summary import Summary
 
 
@@ -63,7 +62,7 @@ def local_sums(run: Run, step: int) -> torch.Tensor:
     return sums
 
 
-def _eval_sums(run: Run, share: Any, model: torch.nn.Module, step: int) -> torch.Tensor:
+def _eval_sums(run: Run, share: Samples, model: torch.nn.Module, step: int) -> torch.Tensor:
     x_all, y_all = run.task.inputs_and_targets(share)
     micro = run.plan.eval_micro
     sizes = [min(micro, len(y_all) - start) for start in range(0, len(y_all), micro)]
@@ -80,7 +79,9 @@ def _eval_sums(run: Run, share: Any, model: torch.nn.Module, step: int) -> torch
     return sums
 
 
-def padding_sums(run: Run, model: Any, share: Any, step: int, sums: Any) -> torch.Tensor:
+def padding_sums(
+    run: Run, model: torch.nn.Module, share: Samples, step: int, sums: torch.Tensor | None
+) -> torch.Tensor:
     """A micro-batch of one sample at weight zero: the sums unchanged."""
     x, y = run.task.inputs_and_targets(share if len(share) else run.val_blocks[:1])
     x, y = next(iter(run.task.micro_batches(x, y, [1, len(y) - 1] if len(y) > 1 else [1])))
@@ -89,7 +90,7 @@ def padding_sums(run: Run, model: Any, share: Any, step: int, sums: Any) -> torc
     return part if sums is None else sums + part
 
 
-def eval_sums(run: Run, x: Any, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+def eval_sums(run: Run, x: Inputs, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
     """The task's evaluation sums of one micro-batch under the run's autocast."""
     with autocast(run.precision, run.device):
         return run.task.eval_sums(model, x, y)

@@ -17,14 +17,17 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.core.atomic import fsync_dir
 from app.core.errors import first_line
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
     from app.components.data.config import DataConfig
     from app.components.tasks.base import Task
 
@@ -61,14 +64,29 @@ EXPORT_MARKER = "hydratrain_export.json"
 
 
 def write_export(
-    model: Any, tokenizer: Any | None, out: Path, weights: dict[str, Any] | None = None
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase | None,
+    out: Path,
+    weights: Mapping[str, object] | None = None,
 ) -> Path:
     """Write `model` (unwrapped: no DDP, no torch.compile) and `tokenizer` to `out`; `weights`:
     the whole model's state when `model` holds only a shard of it (FSDP)."""
-    return write_dir(Path(out), lambda tmp: save_files(model, tokenizer, tmp, weights))
+    hf = transformers_model(model)
+    return write_dir(Path(out), lambda tmp: save_files(hf, tokenizer, tmp, weights))
 
 
-def write_dir(out: Path, fill: Callable[[Path], None]) -> Path:
+def transformers_model(model: torch.nn.Module) -> PreTrainedModel:
+    """The model as the transformers model every family builds: what has a Hugging Face format."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(
+            f"{type(model).__name__} is not a transformers model: it cannot be exported"
+        )
+    return model
+
+
+def write_dir(out: Path, fill: Callable[[Path], object]) -> Path:
     """`out` as `fill` writes it, complete or absent: filled beside it, then renamed in."""
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
@@ -84,7 +102,10 @@ def write_dir(out: Path, fill: Callable[[Path], None]) -> Path:
 
 
 def save_files(
-    model: Any, tokenizer: Any | None, directory: Path, weights: dict[str, Any] | None = None
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    directory: Path,
+    weights: Mapping[str, object] | None = None,
 ) -> None:
     from app.components.models.pretrained_dir import position_limit
 
@@ -108,7 +129,9 @@ def save_files(
     (directory / EXPORT_MARKER).write_text('{"written_by": "hydratrain"}\n')
 
 
-def generation_config(model: Any, tokenizer: Any | None) -> Any:
+def generation_config(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None
+) -> GenerationConfig:
     """Stop at the end-of-document token the model was trained with, and pad with it: without
     a pad id generate() warns, and batched generation has nothing to pad with. A fresh config,
     not one derived from the model's, which older transformers would re-derive and drop."""
@@ -125,7 +148,7 @@ def generation_config(model: Any, tokenizer: Any | None) -> Any:
 
 
 @contextlib.contextmanager
-def _use_cache(model: Any, on: bool) -> Iterator[None]:
+def _use_cache(model: PreTrainedModel, on: bool) -> Iterator[None]:
     """Training turns the KV cache off (it only costs memory there); generation wants it."""
     before = getattr(model.config, "use_cache", None)
     if on:
@@ -171,7 +194,11 @@ def remove_stale_temporaries(out: Path) -> None:
 
 
 def export_run(
-    model: Any, task: Task, data: DataConfig, run_dir: Path, weights: dict[str, Any] | None = None
+    model: torch.nn.Module,
+    task: Task,
+    data: DataConfig,
+    run_dir: Path,
+    weights: Mapping[str, object] | None = None,
 ) -> Path:
     """The end of a completed run: <run dir>/model (`weights`: FSDP's gathered state). A failed
     write ends the run in one line."""
@@ -187,7 +214,7 @@ def export_run(
         ) from None
 
 
-def save_run_tokenizer(tokenizer: Any | None, run_dir: Path) -> str | None:
+def save_run_tokenizer(tokenizer: PreTrainedTokenizerBase | None, run_dir: Path) -> str | None:
     """Save the run's tokenizer to <run dir>/tokenizer (once: kept while its fingerprint is the
     same, as on a resume) and return the fingerprint its checkpoints record; None when there is
     nothing to save (synthetic ids, a slow tokenizer)."""

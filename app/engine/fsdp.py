@@ -17,7 +17,7 @@ checkpoints resume on any number of ranks.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +27,10 @@ from app.components.models.shape import compiles
 from app.config.training import FsdpConfig
 from app.core.errors import ConfigError
 from app.engine.run import Machine
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import ValueType
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 
 def check_precision(precision: PrecisionPlan) -> None:
@@ -40,7 +44,7 @@ def check_precision(precision: PrecisionPlan) -> None:
         )
 
 
-def mixed_precision(precision: PrecisionPlan) -> Any:
+def mixed_precision(precision: PrecisionPlan) -> MixedPrecisionPolicy:
     """bf16: weights gathered and used in bf16, gradients reduced in fp32 (a sum of many
     ranks' bf16 gradients would lose their low bits); fp32 and TF32: nothing cast."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -85,7 +89,7 @@ def is_fsdp(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:
+def full_state_dict(model: torch.nn.Module) -> dict[str, ValueType]:
     """The whole model's weights on rank 0's host (empty elsewhere): every rank must call it,
     each sends its shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -7,17 +7,15 @@ only at log, eval and checkpoint points: losses and grad norms stay on the devic
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from app.core.outcomes import Paused, Preempted
 from app.engine.distributed import any_rank
 from app.engine.evaluation import eval_and_report
-from app.engine.metering import Throughput, Window, log_window
+from app.engine.metering import ProgressBar, Throughput, Window, log_window
 from app.engine.profiling import StepProfiler
 from app.engine.recovery import step_with_recovery
-from app.engine.run import Run
+from app.engine.run import Run, Samples
 from app.engine.state import save
 from app.engine.step import StepResult
 from app.engine.summary import Summary
@@ -102,7 +100,7 @@ def record_progress(run: Run, done: int, summary: Summary) -> None:
 
 
 def profiled_step(
-    run: Run, batch: Any, step: int, meter: Throughput, profiler: StepProfiler
+    run: Run, batch: Samples, step: int, meter: Throughput, profiler: StepProfiler
 ) -> StepResult:
     """One step under the profiler, kept out of the throughput figures: recording slows it
     several-fold. The device is synced on both sides so the pause holds exactly this step's
@@ -140,7 +138,7 @@ def stop_here(run: Run, done: int, saved: bool) -> None:
     )
 
 
-def _progress(run: Run) -> Any:
+def _progress(run: Run) -> ProgressBar | None:
     if not (run.cfg.progress_bar and run.dist.is_main):
         return None
     from tqdm.auto import tqdm

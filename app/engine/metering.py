@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 
@@ -19,6 +19,19 @@ from app.engine.run import Run
 from app.engine.step import StepResult
 from app.engine.summary import Summary
 from app.engine.telemetry import cuda_memory_metrics, mfu, peak_memory_bytes
+
+# Where a step ended: a CUDA event recorded on the stream, or (CPU) the host clock's seconds.
+Mark = torch.cuda.Event | float
+
+
+class ProgressBar(Protocol):
+    """The progress bar a loop on the main rank draws (tqdm's)."""
+
+    def update(self, n: int = 1) -> object: ...
+
+    def set_postfix(self, ordered_dict: dict[str, str], refresh: bool = True) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Throughput:
@@ -40,11 +53,11 @@ class Throughput:
         self.windows: list[tuple[int, float]] = []  # (tokens, seconds)
         self.device = device
         # ("origin" | "step" | "end", mark): a step is timed from the mark before it.
-        self._marks: list[tuple[str, Any]] = [] if device is None else [("origin", self._mark())]
+        self._marks: list[tuple[str, Mark]] = [] if device is None else [("origin", self._mark())]
         self.step_times: list[float] = []  # of the last closed window, when steps were marked
         self.device_seconds: float | None = None  # of the last closed window
 
-    def _mark(self) -> Any:
+    def _mark(self) -> Mark:
         if self.device is not None and self.device.type == "cuda":
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -85,9 +98,10 @@ class Throughput:
         self.step_times, self.device_seconds = [], None
         if self.device is None:
             return
-        self._marks.append(("end", self._mark()))
-        if self.device.type == "cuda":
-            self._marks[-1][1].synchronize()  # already done: the caller synced for the loss
+        end = self._mark()
+        self._marks.append(("end", end))
+        if isinstance(end, torch.cuda.Event):
+            end.synchronize()  # already done: the caller synced for the loss
         segments = [
             (kind, _elapsed(a, b))
             for (_, a), (kind, b) in zip(self._marks, self._marks[1:], strict=False)
@@ -109,10 +123,12 @@ class Throughput:
         return sum(t for t, _ in windows) / sum(s for _, s in windows)
 
 
-def _elapsed(start: Any, end: Any) -> float:
-    if isinstance(start, float):
+def _elapsed(start: Mark, end: Mark) -> float:
+    if isinstance(start, float) and isinstance(end, float):
         return end - start
-    return start.elapsed_time(end) / 1000.0  # CUDA events: milliseconds
+    if isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event):
+        return start.elapsed_time(end) / 1000.0  # CUDA events: milliseconds
+    raise TypeError("a step timed between a CUDA event and a clock reading")
 
 
 @dataclass
@@ -140,7 +156,12 @@ class Window:
 
 
 def log_window(
-    run: Run, done: int, window: Window, meter: Throughput, summary: Summary, bar: Any
+    run: Run,
+    done: int,
+    window: Window,
+    meter: Throughput,
+    summary: Summary,
+    bar: ProgressBar | None,
 ) -> None:
     """The window's figures to the logs and the progress bar (the window's one host sync)."""
     assert window.grad_norm is not None  # a log point follows at least one step

@@ -9,11 +9,11 @@ so the loop keeps them out of the throughput figures (app/engine/loop.py).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from app.config.training import ProfilerConfig
+from app.engine.summary import ProfileWindow
 
 TRACE_DIR = Path("tensorboard") / "profile"
 
@@ -39,7 +39,7 @@ class StepProfiler:
         self.trace_dir = run_dir / TRACE_DIR
         self.device = device
         self.rank = rank
-        self._prof: Any = None
+        self._prof: torch.profiler.profile | None = None
 
     def covers(self, step: int) -> bool:
         return self.first <= step < self.end
@@ -59,7 +59,7 @@ class StepProfiler:
         if prof is not None:
             prof.stop()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ProfileWindow:
         return {"steps": [self.first, self.end], "trace_dir": str(self.trace_dir)}
 
     def _profile(self) -> torch.profiler.profile:

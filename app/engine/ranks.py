@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from app.config.schema import TrainConfig
 from app.core.atomic import atomic_write_text
@@ -77,7 +76,7 @@ class RankRecord:
     error: str | None = None
     signum: int | None = None
     objective: float | list[float] | None = None
-    training: dict[str, Any] = field(default_factory=dict)  # the settings it trained with
+    training: dict[str, object] = field(default_factory=dict)  # the settings it trained with
 
     def write(self, run_dir: Path) -> None:
         text = json.dumps(dataclasses.asdict(self), indent=1, default=str)
@@ -187,7 +186,7 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="rank-parent-watch", daemon=True).start()
 
 
-def rank_main(config: TrainConfig, run_dir: str) -> dict[str, Any]:
+def rank_main(config: TrainConfig, run_dir: str) -> dict[str, object]:
     """One rank of the trial (in a process the launcher spawned): train, record how it ended.
     A prune, which every rank agreed on, ends it normally; a preemption with 128 + the signal,
     as a preempted run does; anything else is raised, so that the launcher stops the other

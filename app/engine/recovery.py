@@ -9,20 +9,19 @@ from __future__ import annotations
 import gc
 import logging
 from collections import defaultdict
-from typing import Any
 
 import torch
 
 from app.core.outcomes import TrainingOOM
 from app.engine.agreement import AgreedOOM
 from app.engine.distributed import no_sync
-from app.engine.run import Run
+from app.engine.run import Run, Samples
 from app.engine.step import StepResult, first_sample, loss_sum, train_step
 
 log = logging.getLogger(__name__)
 
 
-def step_with_recovery(run: Run, batch: Any, step: int) -> StepResult:
+def step_with_recovery(run: Run, batch: Samples, step: int) -> StepResult:
     """train_step, redone with a smaller micro-batch after an OOM; the effective batch is kept."""
     while True:
         run.observers.hooks.on_attempt(run, step)
@@ -39,7 +38,7 @@ def step_with_recovery(run: Run, batch: Any, step: int) -> StepResult:
         shrink_micro_batch(run, step, failed)
 
 
-def release_after_oom(run: Run, batch: Any = None) -> None:
+def release_after_oom(run: Run, batch: Samples | None = None) -> None:
     """Drop what the failed attempt holds; with FSDP, also what FSDP holds for it (`batch`: a
     training step's, whose accumulated gradients must go)."""
     run.optimizer.zero_grad(set_to_none=True)
@@ -56,7 +55,7 @@ def release_after_oom(run: Run, batch: Any = None) -> None:
         torch.cuda.empty_cache()
 
 
-def discard_fsdp_attempt(run: Run, batch: Any) -> None:
+def discard_fsdp_attempt(run: Run, batch: Samples | None) -> None:
     """FSDP keeps a step's gradients unsharded, outside `.grad`, until the micro-batch that
     reduce-scatters them; reset_iter_state() reshards but keeps them (torch 2.13), and a redo
     would add them twice. One micro-batch of one sample at weight zero, with the reduction on,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -27,6 +27,24 @@ from app.hpo import NullReporter, Reporter
 
 if TYPE_CHECKING:
     from app.engine.telemetry import RunLogger
+
+
+class Samples(Protocol):
+    """Samples as the engine handles them, counted and sliced but never looked into: packed
+    blocks (a tensor) or padded rows; the task turns them into inputs and targets."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: slice, /) -> Samples: ...
+
+
+class Inputs(Protocol):
+    """A micro-batch's model inputs as the engine handles them: a tensor, or a task's own type
+    that moves to a device as one."""
+
+    def __len__(self) -> int: ...
+
+    def to(self, device: torch.device, /, *, non_blocking: bool = ...) -> Inputs: ...
 
 
 @dataclass
@@ -49,7 +67,7 @@ class StepHooks:
     """Callbacks around each optimizer step; they do nothing unless overridden (a benchmark's
     clock, a test that watches the micro-batches or changes the plan mid-run)."""
 
-    def on_step_start(self, run: Run, step: int, batch: Any) -> None:
+    def on_step_start(self, run: Run, step: int, batch: Samples) -> None:
         """Before optimizer step `step` over `batch` (this rank's samples), once."""
 
     def on_attempt(self, run: Run, step: int) -> None:
@@ -80,7 +98,7 @@ class ModelFacts:
     num_params: int = 0  # N of the FLOPs formula (app/components/models/shape.py)
     flops_per_token: int | None = None
     peak_tflops: float | None = None  # of this device at this precision; None: MFU unknown
-    identity: dict[str, Any] = field(default_factory=dict)  # the settings that shape it
+    identity: dict[str, object] = field(default_factory=dict)  # the settings that shape it
     tokenizer: str | None = None  # the fingerprint of <run dir>/tokenizer (app/cli/export.py)
     # This rank's parameters, gradients and optimizer state in bytes, measured on its tensors
     # (FSDP: its shards) after the first optimizer step (app/engine/rank_memory.py).
@@ -99,8 +117,8 @@ class Run:
     precision: PrecisionPlan
     device: torch.device
     cfg: TrainingConfig
-    steps: Iterator[Any]  # this rank's host step batches (the task's sample type)
-    val_blocks: Any  # validation samples: packed blocks (causal LM) or padded rows
+    steps: Iterator[Samples]  # this rank's host step batches
+    val_blocks: Samples  # validation samples: packed blocks (causal LM) or padded rows
     run_dir: Path
     task: Task
     budget: Budget  # its steps, schedule and learning rate at its effective batch

@@ -7,9 +7,8 @@ import dataclasses
 import gc
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -47,7 +46,7 @@ from app.engine.report import (
     summarize_run,
     write_summary,
 )
-from app.engine.run import Machine, ModelFacts, Observers, Run
+from app.engine.run import Machine, ModelFacts, Observers, Run, Samples
 from app.engine.start_checks import AlreadyComplete, check_start, model_identity
 from app.engine.state import restore
 from app.engine.summary import Summary
@@ -147,7 +146,7 @@ def _from_config(config: TrainConfig) -> bool:
 
 
 def export(
-    run: Run, config: TrainConfig, run_dir: Path, weights: dict[str, Any] | None = None
+    run: Run, config: TrainConfig, run_dir: Path, weights: Mapping[str, object] | None = None
 ) -> Path:
     from app.engine.export import export_run
 
@@ -156,7 +155,11 @@ def export(
 
 
 def already_complete(
-    done: AlreadyComplete, run_dir: Path, config: TrainConfig, is_main: bool, close: Any
+    done: AlreadyComplete,
+    run_dir: Path,
+    config: TrainConfig,
+    is_main: bool,
+    close: Callable[[], None],
 ) -> Summary:
     """Resuming a finished run: say so, write nothing (Hydra's rewrite of .hydra/ undone),
     return what the run left."""
@@ -307,7 +310,7 @@ def step_loader(
     plan: BatchPlan,
     start_step: int,
     max_steps: int,
-) -> Iterable[Any]:
+) -> Iterable[Samples]:
     from app.components.data.loader import StepDataset, make_step_loader, resolve_num_workers
 
     d, dist = config.data, machine.dist

@@ -25,11 +25,19 @@ import os
 import pickle
 import shutil
 import signal
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed.checkpoint as dcp
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+    from torch.distributed.checkpoint.state_dict import ListDictValueType
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
 
 STATE_FILE = "train_state.pt"
 INDEX_FILE = ".metadata"
@@ -55,7 +63,7 @@ _INDEX_CLASSES = {
 
 
 class _IndexUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> object:
         if name in _INDEX_CLASSES.get(module, ()):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
@@ -67,7 +75,7 @@ class SafeReader(dcp.FileSystemReader):
     """DCP's file reader, its index read by the restricted unpickler and checked to hold
     tensors only."""
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+    def read_metadata(self, *args: object, **kwargs: object) -> Metadata:
         from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
         with open(Path(self.path) / INDEX_FILE, "rb") as f:
@@ -92,7 +100,7 @@ class _Writer(dcp.FileSystemWriter):
         super().__init__(path)
         self.kill = kill
 
-    def write_data(self, plan: Any, planner: Any) -> Any:
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         done = super().write_data(plan, planner)
         if self.kill:
             done.wait()
@@ -110,7 +118,7 @@ def temporary(final: Path) -> Path:
 
 def write_shards(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, tmp: Path, kill: bool
-) -> list[dict[str, Any]]:
+) -> ListDictValueType:
     """This rank's shards of the model and optimizer into `tmp` (a collective); returns the
     optimizer's hyperparameters (param_groups), which go to train_state.pt."""
     from torch.distributed.checkpoint.state_dict import (
@@ -121,11 +129,13 @@ def write_shards(
     weights = get_model_state_dict(model)
     optim = get_optimizer_state_dict(model, optimizer)
     dcp.save({"model": weights, "optimizer": optim["state"]}, storage_writer=_Writer(tmp, kill))
-    groups: Any = optim["param_groups"]
+    groups = optim["param_groups"]
+    if not isinstance(groups, list):  # torch's type is one for both keys of the dict
+        raise TypeError("the optimizer's state holds no list of param_groups")
     return list(groups)
 
 
-def finish(tmp: Path, final: Path, small: dict[str, Any]) -> None:
+def finish(tmp: Path, final: Path, small: Mapping[str, object]) -> None:
     """Rank 0: the small state beside the shards, then the directory renamed into place."""
     from app.core.atomic import atomic_write, fsync_dir
 
@@ -142,7 +152,7 @@ def finish(tmp: Path, final: Path, small: dict[str, Any]) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def read_small_state(path: Path) -> dict[str, Any]:
+def read_small_state(path: Path) -> dict[str, object]:
     """train_state.pt, as a single-file checkpoint is read; the index checked too."""
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     SafeReader(path).read_metadata()
@@ -152,7 +162,10 @@ def read_small_state(path: Path) -> dict[str, Any]:
 
 
 def load_shards(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path, groups: list[Any]
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    path: Path,
+    groups: ListDictValueType,
 ) -> None:
     """The checkpoint's weights and optimizer state into this run's model, whatever its
     world size or parallelism (DCP reshards): FSDP shards, or a whole model per rank."""
@@ -179,7 +192,7 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     set_model_state_dict(model, weights)
 
 
-def read(state: dict[str, Any], path: Path) -> None:
+def read(state: dict[str, object], path: Path) -> None:
     """DCP's load of `state`'s tensors from `path`, through the safe reader."""
     import warnings
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.components.data.sources import SOURCES
 from app.components.hardware.memory import host_memory_bytes
@@ -197,7 +198,7 @@ def resume_checkpoint(config: TrainConfig, run_dir: Path) -> Path | None:
     return found
 
 
-def model_identity(config: TrainConfig) -> dict[str, Any]:
+def model_identity(config: TrainConfig) -> dict[str, object]:
     """The settings that shape the model, saved in each checkpoint (SHAPE_KEYS are among them)."""
     return {
         "task": dataclasses.asdict(config.task),
@@ -209,7 +210,7 @@ def model_identity(config: TrainConfig) -> dict[str, Any]:
 
 
 def check_resume_matches(
-    config: TrainConfig, checkpoint: Path, saved: dict[str, Any] | None
+    config: TrainConfig, checkpoint: Path, saved: Mapping[str, object] | None
 ) -> None:
     """The settings that shape the model must be those the checkpoint was trained with."""
     if saved is None:
@@ -227,7 +228,7 @@ def check_resume_matches(
 
 
 def check_resume_batch(
-    config: TrainConfig, checkpoint: Path, saved: dict[str, Any] | None, unit: str
+    config: TrainConfig, checkpoint: Path, saved: Mapping[str, object] | None, unit: str
 ) -> None:
     """Under a data budget a checkpoint's step is data seen only at the batch it trained with:
     resumed at another, the data seen and the marks reported would be wrong."""
@@ -241,8 +242,8 @@ def check_resume_batch(
         )
 
 
-def _select(tree: dict[str, Any], dotted: str) -> Any:
-    node: Any = tree
+def _select(tree: Mapping[str, object], dotted: str) -> object:
+    node: object = tree
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
             return None

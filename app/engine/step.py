@@ -6,7 +6,7 @@ at each phase boundary (app/engine/agreement.py), so a step fails on every rank 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -15,7 +15,7 @@ from app.components.tasks.base import move
 from app.engine.distributed import global_sum, no_sync
 from app.engine.noise_scale import sq_grad_norm
 from app.engine.rank_memory import measure_state_bytes
-from app.engine.run import Run
+from app.engine.run import Inputs, Run, Samples
 
 
 class StepResult(NamedTuple):
@@ -25,13 +25,13 @@ class StepResult(NamedTuple):
     tokens: int  # input tokens that carry data, for tokens/s
 
 
-def loss_sum(run: Run, x: Any, y: torch.Tensor) -> torch.Tensor:
+def loss_sum(run: Run, x: Inputs, y: torch.Tensor) -> torch.Tensor:
     """The task's summed loss of one micro-batch under the run's autocast."""
     with autocast(run.precision, run.device):
         return run.task.loss_sum(run.model, x, y)
 
 
-def train_step(run: Run, batch: Any, step: int) -> StepResult:
+def train_step(run: Run, batch: Samples, step: int) -> StepResult:
     """One optimizer step over `batch` (this rank's share of the effective batch)."""
     x_all, y_all = run.task.inputs_and_targets(batch)
     units = run.task.units(y_all)  # on the host tensor: no device sync
@@ -58,7 +58,7 @@ def train_step(run: Run, batch: Any, step: int) -> StepResult:
     return StepResult(total, units, grad_norm, run.task.tokens(x_all))
 
 
-def record_small_gradient(run: Run, units: int, samples: int, scale: Any) -> None:
+def record_small_gradient(run: Run, units: int, samples: int, scale: float | torch.Tensor) -> None:
     """The first micro-batch's mean gradient, for the noise scale: what backward left in the
     gradients is loss_scale x scale x (its summed loss's gradient), and its mean is over its own
     `units`. Not yet reduced across ranks (DDP reduces on the step's last micro-batch)."""
@@ -68,7 +68,9 @@ def record_small_gradient(run: Run, units: int, samples: int, scale: Any) -> Non
     run.noise.small(sq / (loss_scale * scale * units) ** 2, samples)
 
 
-def micro_step(run: Run, x: Any, y: torch.Tensor, scale: Any, sync: bool, step: int) -> Any:
+def micro_step(
+    run: Run, x: Inputs, y: torch.Tensor, scale: float | torch.Tensor, sync: bool, step: int
+) -> torch.Tensor:
     """Forward and backward of one micro-batch; the gradients reduced across ranks on the
     step's last. Returns its summed loss (detached)."""
     x, y = move(x, run.device), y.to(run.device, non_blocking=True)
@@ -81,7 +83,7 @@ def micro_step(run: Run, x: Any, y: torch.Tensor, scale: Any, sync: bool, step: 
     return part.detach()
 
 
-def first_sample(run: Run, x_all: Any, y_all: torch.Tensor) -> tuple[Any, torch.Tensor]:
+def first_sample(run: Run, x_all: Inputs, y_all: torch.Tensor) -> tuple[Inputs, torch.Tensor]:
     n = len(y_all)
     return next(iter(run.task.micro_batches(x_all, y_all, [1, n - 1] if n > 1 else [1])))
 

@@ -12,14 +12,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, TypedDict, TypeVar
 
 from app.core.outcomes import Status
 
 _OPTIONAL = "optional"
 OPTIONAL = {_OPTIONAL: True}  # a result left out of summary.json while it is None
+
+# A value of a JSON document: what summary.json (and the other records a run writes) hold.
+Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
+V = TypeVar("V")
+
+
+class ProfileWindow(TypedDict):
+    """The optimizer steps the profiler recorded, [first, end), and where its trace is."""
+
+    steps: list[int]
+    trace_dir: str
 
 
 @dataclass
@@ -50,8 +62,8 @@ class Summary:
     effective_batch_size: int | None = None
     eval_micro_batch_size: int | None = None
     batch_source: str | None = None
-    batch_details: dict[str, Any] = field(default_factory=dict)
-    task_fields: dict[str, Any] = field(default_factory=dict)  # the task's own (label names)
+    batch_details: dict[str, Any] = field(default_factory=dict)  # BatchPlan.details
+    task_fields: dict[str, Json] = field(default_factory=dict)  # the task's own (label names)
     # The budget (app/config/budget.py): where the steps came from, and the learning rate
     budget_setting: str | None = None  # training.max_steps | max_samples | max_tokens
     budget: int | None = None  # in budget_unit
@@ -72,7 +84,7 @@ class Summary:
     train_time_s: float = 0.0
     eval_time_s: float | None = field(default=None, metadata=OPTIONAL)
     evaluations: int | None = field(default=None, metadata=OPTIONAL)
-    profile: dict[str, Any] | None = field(default=None, metadata=OPTIONAL)
+    profile: ProfileWindow | None = field(default=None, metadata=OPTIONAL)
     peak_memory_bytes: int | None = None
     peak_memory_fraction: float | None = field(
         default=None, metadata=OPTIONAL
@@ -95,9 +107,9 @@ class Summary:
     device_seconds: float | None = None
     export_dir: str | None = field(default=None, metadata=OPTIONAL)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Json]:
         """The flat mapping summary.json holds."""
-        out: dict[str, Any] = {}
+        out: dict[str, Json] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in ("initial_val", "final_val", "task_fields"):
@@ -128,7 +140,7 @@ class Summary:
         """The summary.json a run left in `run_dir`."""
         return cls.from_json(json.loads(Path(run_dir, "summary.json").read_text()))
 
-    def value(self, key: str) -> Any:
+    def value(self, key: str) -> Json:
         """A summary.json key's value (KeyError when a run of this kind does not write it)."""
         return self.to_json()[key]
 
@@ -141,9 +153,11 @@ class Summary:
             if name not in flat:
                 raise KeyError(f"objective metric {name!r} is not in summary.json")
             value = flat[name]
+            if isinstance(value, (list, dict)):
+                raise TypeError(f"objective metric {name!r} is not a number: {value!r}")
             values.append(math.nan if value is None else float(value))
         return values[0] if isinstance(metric, str) else values
 
 
-def _prefixed(data: dict[str, Any], prefix: str) -> dict[str, Any]:
+def _prefixed(data: Mapping[str, V], prefix: str) -> dict[str, V]:
     return {k.removeprefix(prefix): v for k, v in data.items() if k.startswith(prefix)}

@@ -10,15 +10,15 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from app.components.tracking.base import Sink
 from app.components.tracking.local import default_sinks
 from app.core.atomic import atomic_write_text
+from app.engine.summary import Json
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def mfu(tokens_per_sec: float, flops_per_tok: int, peak_tflops: float | None) ->
     return tokens_per_sec * flops_per_tok / (peak_tflops * 1e12)
 
 
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+def write_json_atomic(path: Path, payload: Mapping[str, object]) -> None:
     atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
@@ -137,27 +137,27 @@ class RunLogger:
         values = {k: float(v) for k, v in metrics.items() if v is not None}
         if self.nvml is not None:
             values.update(self.nvml.latest)
-        self._each("scalars", step, values)
+        self._each(lambda sink: sink.scalars(step, values))
 
     def text(self, tag: str, text: str) -> None:
-        self._each("text", tag, text)
+        self._each(lambda sink: sink.text(tag, text))
 
-    def config(self, config: dict[str, Any], plan: dict[str, Any]) -> None:
-        self._each("config", config, plan)
+    def config(self, config: dict[str, object], plan: dict[str, object]) -> None:
+        self._each(lambda sink: sink.config(config, plan))
 
-    def close(self, summary: dict[str, Any] | None = None) -> None:
+    def close(self, summary: dict[str, Json] | None = None) -> None:
         if self.nvml is not None:
             self.nvml.stop()
-        self._each("close", summary)
+        self._each(lambda sink: sink.close(summary), closing=True)
         self.sinks = []
 
-    def _each(self, method: str, *args: Any) -> None:
+    def _each(self, call: Callable[[Sink], None], closing: bool = False) -> None:
         for sink in list(self.sinks):
             try:
-                getattr(sink, method)(*args)
+                call(sink)
             except Exception as exc:
                 log.error("%s is no longer written: %s", sink.name, exc)
                 self.sinks.remove(sink)
-                if method != "close":
+                if not closing:
                     with contextlib.suppress(Exception):
                         sink.close(None)
