@@ -43,7 +43,7 @@ def main(cfg: DictConfig) -> float | list[float]:
         if isinstance(exc, ConfigError):
             restore_after_refusal()  # what Hydra and the loggers wrote before the refusal
         end_with_one_line(exc)
-    return summary.objective(config.objective)
+    return summary.objective(config.objective_keys)
 
 
 def end_with_one_line(exc: Exception) -> NoReturn:

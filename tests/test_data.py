@@ -336,6 +336,6 @@ def test_val_batches_are_fixed_first_blocks():
 def test_resolve_num_workers(monkeypatch):
     assert resolve_num_workers(3, preset_workers=8) == 3
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    assert resolve_num_workers("auto", preset_workers=4) == 4
+    assert resolve_num_workers(None, preset_workers=4) == 4
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    assert resolve_num_workers("auto", preset_workers=4) == 0
+    assert resolve_num_workers(None, preset_workers=4) == 0

@@ -235,9 +235,10 @@ def test_a_kill_during_a_sharded_write_leaves_the_previous_checkpoint_the_latest
     # Rank 1 died with its shard on disk; the checkpoint of step 6 never became one.
     assert (checkpoints / ".step_00000006.tmp" / "__1_0.distcp").is_file()
     assert not (checkpoints / "step_00000006").exists()
+    from app.config.training import ResumeFrom
     from app.engine import checkpoint as ckpt
 
-    assert ckpt.find_resume_checkpoint("auto", run_dir) == checkpoints / "step_00000003"
+    assert ckpt.find_resume_checkpoint(ResumeFrom(), run_dir) == checkpoints / "step_00000003"
     assert ckpt.load_checkpoint(checkpoints / "step_00000003").step == 3
     # The same command resumes from it and ends where the run that was not killed ended.
     completed(torchrun(run_dir, *args(base, *fsdp, "training.resume=auto")), run_dir)

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from app.config.training import ResumeFrom
 from app.core.errors import ConfigError
 from app.core.outcomes import TrainingOOM
 from app.engine.batch.plan import BatchPlan, eval_padding, fixed_plan
@@ -83,7 +84,7 @@ def test_a_sharded_checkpoint_whose_index_holds_code_is_refused_without_running_
     _small_state(step)
     marker = tmp_path / "ran"
     (step / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
-    assert ckpt.find_resume_checkpoint(str(step), tmp_path) == step
+    assert ckpt.find_resume_checkpoint(ResumeFrom(str(step)), tmp_path) == step
     with pytest.raises(ConfigError, match="is unreadable"):
         ckpt.load_checkpoint(step)
     assert not marker.exists()

@@ -238,8 +238,8 @@ def test_an_unsupported_extension_is_refused(tmp_path):
 def test_map_processes_follow_the_setting():
     from app.components.data.rows import PARALLEL_MAP_ROWS, map_processes
 
-    assert map_processes("auto", 10) is None  # small data: one process starts faster
+    assert map_processes(None, 10) is None  # small data: one process starts faster
     assert map_processes(1, PARALLEL_MAP_ROWS) is None
     assert map_processes(3, 10) == 3
-    big = map_processes("auto", PARALLEL_MAP_ROWS)
+    big = map_processes(None, PARALLEL_MAP_ROWS)
     assert big is None or 2 <= big <= 8

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from app.config import ConfigError
+from app.config.training import ResumeFrom
 from app.core.outcomes import TrainingOOM
 from app.engine import checkpoint as ckpt
 from app.engine.runner import run_training
@@ -91,6 +92,6 @@ def test_loading_refuses_pickled_objects(tmp_path):
 
 
 def test_resume_auto_without_checkpoints_starts_fresh(tmp_path):
-    assert ckpt.find_resume_checkpoint("auto", tmp_path) is None
+    assert ckpt.find_resume_checkpoint(ResumeFrom(), tmp_path) is None
     with pytest.raises(ConfigError, match=r"training\.resume="):
-        ckpt.find_resume_checkpoint(str(tmp_path / "nowhere"), tmp_path)
+        ckpt.find_resume_checkpoint(ResumeFrom(str(tmp_path / "nowhere")), tmp_path)

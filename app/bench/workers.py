@@ -263,7 +263,9 @@ def work_hf(spec: dict[str, Any]) -> dict[str, Any]:
         fp16=precision.name == "fp16",
         torch_compile=bool(cfg.model.compile),
         use_cpu=dev.type == "cpu",
-        dataloader_num_workers=resolve_num_workers(cfg.data.num_workers, preset.dataloader_workers),
+        dataloader_num_workers=resolve_num_workers(
+            cfg.data.fixed_num_workers, preset.dataloader_workers
+        ),
         dataloader_drop_last=True,
         logging_strategy="no",
         save_strategy="no",

@@ -41,13 +41,23 @@ class TrainConfig:
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     hpo: HpoConfig | None = None  # set by hpo=optuna; read by the sweeper and the trial reporter
-    # summary.json key main() returns, or a list of keys for multi-objective studies
+    # summary.json key main() returns, or a list of keys for multi-objective studies (Any:
+    # OmegaConf types no union of a string and a list; `objective_keys` is the typed value)
     objective: Any = "final_val_loss"
+
+    def __post_init__(self) -> None:
+        # What check() refuses reads as no key here: load_config checks before any use.
+        keys = _keys(self.objective)
+        self.objective_keys: str | list[str] = [] if keys is None else keys
 
     def check(self) -> None:
         """Every check of the config alone, before any work: each group's, then across groups."""
         for name in ("gpu", "precision", "data", "model", "training", "task", "faults", "tracking"):
             check_fields(getattr(self, name), name)
+        if _keys(self.objective) is None:
+            raise ConfigError(
+                f"objective={self.objective!r} must be a summary.json key or a list of them"
+            )
         self.task.check()
         self._check_preset_precision()
         self._check_fits_task()
@@ -103,6 +113,15 @@ class TrainConfig:
             )
         source.check(self.data, task)
         family.check(self.model, task.sequence_setting, task.sequence_length(self.data))
+
+
+def _keys(objective: object) -> str | list[str] | None:
+    """The objective's summary.json key(s); None where it is neither a key nor a list of keys."""
+    if isinstance(objective, str):
+        return objective
+    if isinstance(objective, list) and all(isinstance(k, str) for k in objective):
+        return list(objective)
+    return None
 
 
 def load_config(cfg: DictConfig) -> TrainConfig:

@@ -10,7 +10,15 @@ from typing import Any
 
 from app.components.hardware.host_malloc import HOST_MALLOC_POLICIES
 from app.core.errors import ConfigError
-from app.core.fields import auto_or_count, bounded, count, fraction, one_of, positive_int
+from app.core.fields import (
+    auto_count,
+    auto_or_count,
+    bounded,
+    count,
+    fraction,
+    one_of,
+    positive_int,
+)
 
 SCHEDULES = ("cosine", "linear", "constant")
 FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
@@ -60,8 +68,31 @@ class FsdpConfig:
     reshard_after_forward: bool = True
 
 
+@dataclass(frozen=True)
+class EvalMicroBatch:
+    """training.eval_micro_batch_size as the engine reads it: `size` where an int is set;
+    `scaled` for auto, a multiple of the training micro-batch (app/engine/batch/plan.py);
+    neither for null, the training micro-batch itself."""
+
+    size: int | None = None
+    scaled: bool = False
+
+
+@dataclass(frozen=True)
+class ResumeFrom:
+    """training.resume as the engine reads it, where it is set: `path` (a run directory, its
+    checkpoints/, a checkpoint), or None for auto, this run directory's own latest checkpoint."""
+
+    path: str | None = None
+
+
 @dataclass
 class TrainingConfig:
+    """The settings as Hydra takes them. The ones that are a word or a number (OmegaConf types
+    no such union, so they are Any here) are typed once, as the config is built
+    (`__post_init__`, run by load_config): the engine reads `fixed_micro_batch`,
+    `eval_micro_batch` and `resume_from`, never the words."""
+
     effective_batch_size: int = positive_int(32)  # samples per optimizer step, all ranks
     # auto (probed on the device, cached per shape) | an int that fixes it
     micro_batch_size: Any = "auto"
@@ -127,6 +158,18 @@ class TrainingConfig:
     parallelism: str = one_of("ddp", PARALLELISMS)
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
 
+    def __post_init__(self) -> None:
+        # What check() refuses is read as the default here: load_config checks before any use.
+        self.fixed_micro_batch: int | None = auto_count(self.micro_batch_size)  # None: probed
+        self.eval_micro_batch = EvalMicroBatch(
+            size=auto_count(self.eval_micro_batch_size),
+            scaled=self.eval_micro_batch_size == "auto",
+        )
+        resume = self.resume
+        self.resume_from: ResumeFrom | None = (
+            None if resume is None else ResumeFrom(None if resume == "auto" else resume)
+        )
+
     def check(self) -> None:
         self._check_batch()
         from app.components.optim import OPTIMIZERS
@@ -158,9 +201,9 @@ class TrainingConfig:
             )
 
     def _check_batch(self) -> None:
-        micro = self.micro_batch_size
+        micro, fixed = self.micro_batch_size, self.fixed_micro_batch
         auto_or_count("training.micro_batch_size", micro, 1, "auto or a positive integer")
-        if micro != "auto" and micro > self.effective_batch_size:
+        if fixed is not None and fixed > self.effective_batch_size:
             raise ConfigError(
                 f"training.micro_batch_size={micro} is larger than "
                 f"training.effective_batch_size={self.effective_batch_size}; allowed: auto or "
@@ -173,11 +216,6 @@ class TrainingConfig:
             "null (the training micro-batch), auto or a positive integer",
             nullable=True,
         )
-
-    @property
-    def fixed_micro_batch(self) -> int | None:
-        """The micro-batch set by the user; None for auto (probed)."""
-        return None if self.micro_batch_size == "auto" else int(self.micro_batch_size)
 
 
 @dataclass

@@ -121,6 +121,12 @@ def is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def auto_count(value: object) -> int | None:
+    """An `auto | int` setting as the code reads it: the int, or None for auto. Anything else
+    reads as None too: `auto_or_count` refuses it when the config is checked, before any use."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def auto_or_count(key: str, value: Any, low: int, allowed: str, nullable: bool = False) -> None:
     """A setting that is `auto` (or null where `nullable`) or an integer >= low."""
     if value == "auto" or (nullable and value is None):

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from app.config.training import ResumeFrom
 from app.core.atomic import atomic_write, fsync_dir
 from app.core.errors import ConfigError
 from app.core.outcomes import WriteFailed
@@ -121,14 +122,14 @@ def remove_stale_temporaries(directory: Path) -> None:
     sharded.remove_temporaries(directory)
 
 
-def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
-    """`auto`: this run's latest checkpoint if any; a path: a run dir, checkpoint dir or file."""
+def find_resume_checkpoint(resume: ResumeFrom | None, run_dir: Path) -> Path | None:
+    """auto: this run's latest checkpoint if any; a path: a run dir, checkpoint dir or file."""
     if resume is None:
         return None
-    if resume == "auto":
+    if resume.path is None:
         found = list_checkpoints(run_dir / "checkpoints")
         return found[-1] if found else None
-    path = Path(resume)
+    path = Path(resume.path)
     if sharded.is_sharded(path):
         return path
     for candidate in (path / "checkpoints", path):
@@ -139,7 +140,7 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
     if path.is_file():
         return path
     raise ConfigError(
-        f"training.resume={resume!r}: no checkpoint there; give a run directory, its "
+        f"training.resume={resume.path!r}: no checkpoint there; give a run directory, its "
         "checkpoints/ directory, a step_*.pt file, a step_* directory of shards, or auto"
     )
 

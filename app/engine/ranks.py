@@ -220,6 +220,6 @@ def rank_main(config: TrainConfig, run_dir: str) -> dict[str, object]:
             raise SystemExit(128 + (record.signum or signal.SIGTERM)) from None
         raise
     record.status, record.steps = Status.COMPLETED.value, int(summary.steps or 0)
-    record.objective = summary.objective(config.objective)
+    record.objective = summary.objective(config.objective_keys)
     record.write(Path(run_dir))
     return dataclasses.asdict(record)

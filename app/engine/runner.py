@@ -167,7 +167,7 @@ def already_complete(
     if is_main:
         print(f"done       {done}", flush=True)
     close()
-    found = ckpt.find_resume_checkpoint(config.training.resume, run_dir)
+    found = ckpt.find_resume_checkpoint(config.training.resume_from, run_dir)
     saved = found.parent.parent / "summary.json" if found else None
     if saved is not None and saved.is_file():
         return Summary.from_json(json.loads(saved.read_text()))
@@ -298,7 +298,7 @@ def choose_plan(setup: ProbeSetup, model: torch.nn.Module, data: TaskData) -> Ba
         plan = auto_plan(setup, model, data)
     else:
         plan = fixed_plan(t.effective_batch_size, fixed, dist.world_size, dist.rank)
-    size = eval_micro_size(t.eval_micro_batch_size, plan.micro_batch_size)
+    size = eval_micro_size(t.eval_micro_batch, plan.micro_batch_size)
     # Never more than the validation samples.
     return plan.with_eval_micro_batch(None if size is None else max(1, min(size, t.eval_samples)))
 
@@ -328,7 +328,7 @@ def step_loader(
         dataset,
         start_step,
         max_steps - start_step,
-        num_workers=resolve_num_workers(d.num_workers, machine.preset.dataloader_workers),
+        num_workers=resolve_num_workers(d.fixed_num_workers, machine.preset.dataloader_workers),
         pin_memory=on_cuda if d.pin_memory is None else bool(d.pin_memory and on_cuda),
         persistent_workers=d.persistent_workers,
         prefetch_factor=d.prefetch_factor,

@@ -177,11 +177,11 @@ def training_memory(config: TrainConfig, device_type: str, total_bytes: int | No
 def resume_checkpoint(config: TrainConfig, run_dir: Path) -> Path | None:
     """The checkpoint training.resume names, checked against this run (None: a fresh start)."""
     t = config.training
-    if t.resume is None:
+    if t.resume_from is None:
         return None
     from app.engine import checkpoint as ckpt  # torch: only when there is a checkpoint to look at
 
-    found = ckpt.find_resume_checkpoint(t.resume, run_dir)
+    found = ckpt.find_resume_checkpoint(t.resume_from, run_dir)
     if found is None:
         return None
     state = ckpt.load_checkpoint(found, mmap=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from app.core.fields import auto_or_count, bounded, count, positive_int
+from app.core.fields import auto_count, auto_or_count, bounded, count, positive_int
 
 
 @dataclass
@@ -47,6 +47,12 @@ class DataConfig:
     persistent_workers: bool = True
     prefetch_factor: int = positive_int(2)
     seed: int = count(1234)
+
+    def __post_init__(self) -> None:
+        # The `auto | int` settings typed once, as the config is built (OmegaConf types no
+        # such union): None is auto. What check() refuses reads as auto; nothing runs before it.
+        self.fixed_map_num_proc: int | None = auto_count(self.map_num_proc)
+        self.fixed_num_workers: int | None = auto_count(self.num_workers)
 
     def check(self) -> None:
         """What spans this group's fields (the source's own settings are checked with the task

@@ -304,7 +304,7 @@ def tokenize_rows(
         return {"input_ids": out["input_ids"], "token_type_ids": out["token_type_ids"]}
 
     # Batched and, for large splits, in several processes; a file-backed dataset caches it.
-    procs = map_processes(data_cfg.map_num_proc, len(rows))
+    procs = map_processes(data_cfg.fixed_map_num_proc, len(rows))
     encoded = rows.map(encode, batched=True, num_proc=procs, remove_columns=rows.column_names)
     types = encoded["token_type_ids"] if pair else None
     return pad_rows(

@@ -31,8 +31,8 @@ def row_token_streams(cfg: DataConfig) -> TokenStreams:
     train, val = text_splits(cfg)
     tok = load_tokenizer(cfg, text_batches(train, cfg.text_column))
     return TokenStreams(
-        train=encode_rows(train, cfg.text_column, tok, cfg.map_num_proc),
-        val=encode_rows(val, cfg.text_column, tok, cfg.map_num_proc),
+        train=encode_rows(train, cfg.text_column, tok, cfg.fixed_map_num_proc),
+        val=encode_rows(val, cfg.text_column, tok, cfg.fixed_map_num_proc),
         tokenizer=tok,
     )
 
@@ -68,8 +68,9 @@ def hold_out_rows(rows: Any, cfg: DataConfig) -> tuple[Any, Any]:
     )
 
 
-def encode_rows(rows: Any, column: str, tok: TextTokenizer, num_proc: Any) -> torch.Tensor:
-    """One int64 stream: each row's tokens followed by the end-of-document token."""
+def encode_rows(rows: Any, column: str, tok: TextTokenizer, num_proc: int | None) -> torch.Tensor:
+    """One int64 stream: each row's tokens followed by the end-of-document token; `num_proc`
+    is data.map_num_proc (None: auto)."""
     eos = [] if tok.eos_id is None else [tok.eos_id]
 
     def encode(batch: dict[str, list]) -> dict[str, list]:

@@ -148,9 +148,11 @@ def make_step_loader(
     )
 
 
-def resolve_num_workers(setting: int | str, preset_workers: int) -> int:
-    if setting != "auto":
-        return int(setting)
+def resolve_num_workers(fixed: int | None, preset_workers: int) -> int:
+    """data.num_workers where it is set (`fixed`), else (auto) the preset's, within half the
+    CPUs this process may use."""
+    if fixed is not None:
+        return fixed
     try:
         cpus = len(os.sched_getaffinity(0))  # honours container/taskset CPU limits
     except AttributeError:

@@ -351,10 +351,11 @@ def saved_files(directory: Path) -> list[str]:
     return sorted(str(p) for p in wrote if p.suffix == ".json" or p.name.startswith("data-"))
 
 
-def map_processes(setting: Any, n_rows: int) -> int | None:
-    """`num_proc` for Dataset.map: data.map_num_proc, or (auto) several only for large data."""
-    if setting != "auto":
-        return int(setting) if int(setting) > 1 else None
+def map_processes(fixed: int | None, n_rows: int) -> int | None:
+    """`num_proc` for Dataset.map: data.map_num_proc where it is set (`fixed`), or (auto)
+    several only for large data."""
+    if fixed is not None:
+        return fixed if fixed > 1 else None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cpus = cpus or 1
     return min(8, cpus) if n_rows >= PARALLEL_MAP_ROWS and cpus > 1 else None

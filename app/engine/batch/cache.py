@@ -84,7 +84,7 @@ def cache_key(setup: ProbeSetup, model: torch.nn.Module) -> dict[str, Any]:
         "seq_len": setup.seq_len,
         "precision": setup.machine.precision.name,
         # With eval_micro_batch_size=auto the probe also evaluates at a multiple of each size.
-        "eval_auto": t.eval_micro_batch_size == "auto",
+        "eval_auto": t.eval_micro_batch.scaled,
         "gradient_checkpointing": bool(m.gradient_checkpointing),
         "compile": [compiles(m, setup.machine.preset), m.compile_mode],
         "optimizer": OPTIMIZERS.get(t.optimizer).cache_identity(t),

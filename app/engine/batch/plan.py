@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from app.components.data.loader import rank_share
+from app.config.training import EvalMicroBatch
 from app.core.errors import ConfigError
 
 
@@ -47,12 +48,10 @@ def eval_padding(share: int, total: int, world_size: int, micro: int) -> int:
 EVAL_FACTOR = 4
 
 
-def eval_micro_size(setting: int | str | None, micro: int) -> int | None:
+def eval_micro_size(setting: EvalMicroBatch, micro: int) -> int | None:
     """training.eval_micro_batch_size for a training micro-batch: None (evaluate at the training
     micro-batch), EVAL_FACTOR times it (auto), or the size set."""
-    if setting is None:
-        return None
-    return EVAL_FACTOR * micro if setting == "auto" else int(setting)
+    return EVAL_FACTOR * micro if setting.scaled else setting.size
 
 
 @dataclass

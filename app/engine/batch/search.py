@@ -194,7 +194,7 @@ class Probe:
     def eval_size(self, micro: int) -> int:
         """The evaluation micro-batch a training size must leave room for. An explicit size is
         the user's: not probed here (its OOM halves evaluation only, never the training size)."""
-        if self.setup.training.eval_micro_batch_size != "auto":
+        if not self.setup.training.eval_micro_batch.scaled:
             return micro
         return EVAL_FACTOR * micro
 
