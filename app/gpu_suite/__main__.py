@@ -9,7 +9,6 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from app.gpu_suite import cli, machine, wheels
 from app.gpu_suite import report as rpt
@@ -86,9 +85,10 @@ def child_env(site: Path | None, dry: bool, out: Path) -> dict[str, str]:
     return env
 
 
-def header(facts: dict[str, Any], deps: str, dry: bool, site: Path | None) -> dict[str, Any]:
-    keep = ("device", "gpus", "driver", "torch", "cuda", "python", "missing_modules")
-    h = {k: facts.get(k) for k in keep}
+def header(facts: machine.Facts, deps: str, dry: bool, site: Path | None) -> dict[str, object]:
+    h: dict[str, object] = {"device": facts.get("device"), "gpus": facts.get("gpus")}
+    h |= {"driver": facts.get("driver"), "torch": facts.get("torch"), "cuda": facts.get("cuda")}
+    h |= {"python": facts.get("python"), "missing_modules": facts.get("missing_modules")}
     h["mode"] = "dry run (tiny sizes, CPU)" if dry else "GPU"
     h["git_commit"] = machine.git_commit(REPO)
     h["dependencies"] = deps
@@ -96,7 +96,7 @@ def header(facts: dict[str, Any], deps: str, dry: bool, site: Path | None) -> di
     return h
 
 
-def cannot_run(facts: dict[str, Any], dry: bool) -> str | None:
+def cannot_run(facts: machine.Facts, dry: bool) -> str | None:
     essential = [m for m in facts.get("missing_modules", []) if m in machine.ESSENTIAL]
     if essential:
         names = ", ".join(essential)

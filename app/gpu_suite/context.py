@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from app.gpu_suite import breaks, configcheck
 from app.gpu_suite.report import Check, CommandRecord, StepRecord
@@ -134,7 +133,8 @@ class StepContext:
             rec.status = "failed"
             rec.reason = f"the GPU command's settings were refused: {rec.config_check}"
 
-    def figure(self, key: str, value: Any) -> None:
+    def figure(self, key: str, value: object) -> None:
+        """A figure for the report: any value json.dumps takes (a number, text, a list)."""
         self.rec.figures[key] = value
 
     def check(self, name: str, ok: bool, detail: object = "", goal: bool = False) -> bool:

@@ -1,12 +1,13 @@
 """What the suite runs on: the device, driver, versions and missing modules, asked of a child
-interpreter (the suite itself imports neither torch nor the trainer), and the git commit."""
+interpreter (the suite itself imports neither torch nor the trainer's running code), and the git
+commit."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 # What the trainer, its tests and its bench import; pynvml is optional (no NVML scalars).
 MODULES = (
@@ -52,7 +53,22 @@ print("FACTS " + json.dumps(out))
 """
 
 
-def device_facts(python: str, cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+class Facts(TypedDict, total=False):
+    """What FACTS prints, and `device`, the line the report shows for the devices."""
+
+    python: str
+    missing_modules: list[str]
+    torch: str
+    cuda: str | None
+    gpus: int
+    devices: list[str]
+    torch_error: str
+    driver: str
+    device: str
+    facts_error: str
+
+
+def device_facts(python: str, cwd: Path, env: dict[str, str]) -> Facts:
     argv = [python, "-c", FACTS, *MODULES]
     try:
         proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
@@ -60,7 +76,7 @@ def device_facts(python: str, cwd: Path, env: dict[str, str]) -> dict[str, Any]:
         return {"gpus": 0, "facts_error": "the device query took over 180 s"}
     for line in proc.stdout.splitlines():
         if line.startswith("FACTS "):
-            facts: dict[str, Any] = json.loads(line[len("FACTS ") :])
+            facts: Facts = json.loads(line[len("FACTS ") :])
             devices = facts.get("devices") or []
             facts["device"] = ", ".join(devices) if devices else "CPU only (no CUDA device)"
             return facts

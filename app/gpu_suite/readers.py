@@ -1,80 +1,119 @@
 """Reading what the trainer, the bench and pytest leave behind: summary.json, metrics.jsonl,
-the start-up banner, a JUnit XML file and the bench's JSON report. Files only: the trainer's
-modules are never imported, so moving them around does not break the suite."""
+the start-up banner, a JUnit XML file and the bench's JSON report.
+
+summary.json is read through the trainer's own record, `Summary` (app/engine/summary.py, which
+imports nothing of torch or the rest of the trainer), and the bench's rows through its `Row`:
+a field renamed there is a mypy error here, not a figure that silently reads None. Everything
+else of the trainer is run through its command line, never imported, so the suite's own
+process stays free of torch."""
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-BANNER_KEYS = ("device", "precision", "batch", "autobatch", "tokens", "samples", "eval", "done")
+from app.bench.report import Row
+from app.engine.summary import Summary
 
-
-def summary(run_dir: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
-    return data
+MetricsRow = Mapping[str, object]  # one line of metrics.jsonl: a step and its scalars
 
 
-def metrics(run_dir: Path) -> list[dict[str, Any]]:
+def summary(run_dir: Path) -> Summary:
+    return Summary.read(run_dir)
+
+
+def metrics(run_dir: Path) -> list[MetricsRow]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def series(rows: list[dict[str, Any]], key: str) -> list[float]:
-    return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+def series(rows: Sequence[MetricsRow], key: str) -> list[float]:
+    values = (r.get(key) for r in rows)
+    return [float(v) for v in values if isinstance(v, (int, float))]
 
 
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def banner(log: Path) -> dict[str, str]:
-    """The run's plan as printed at start: `device     cuda: NVIDIA H100 (preset h100)` ->
-    {"device": "cuda: NVIDIA H100 (preset h100)"}; the first line of each kind."""
-    out: dict[str, str] = {}
-    for line in log.read_text(errors="replace").splitlines():
-        m = re.match(r"^([a-z]+) {2,}(\S.*)$", line)
-        if m and m.group(1) in BANNER_KEYS:
-            out.setdefault(m.group(1), m.group(2).strip())
-    return out
+def printed(log: Path) -> list[str]:
+    """A command's output, line by line."""
+    return log.read_text(errors="replace").splitlines()
 
 
-def loss_fell(s: dict[str, Any]) -> tuple[bool, str]:
-    first, last = s.get("initial_val_loss"), s.get("final_val_loss")
-    if not isinstance(first, (int, float)) or not isinstance(last, (int, float)):
+def loss_fell(s: Summary) -> tuple[bool, str]:
+    first, last = s.initial_val.get("loss"), s.final_val.get("loss")
+    if first is None or last is None:
         return False, f"initial {first}, final {last}"
     ok = math.isfinite(last) and last < first
     return ok, f"{first:.4f} -> {last:.4f}"
 
 
-def junit(path: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Candidate:
+    """One micro-batch the probe tried: a row of summary.json's batch_details.candidates."""
+
+    micro: int
+    fits: bool
+    peak_fraction: float | None
+
+
+def candidates(s: Summary) -> list[Candidate]:
+    # BatchPlan.details is the probe's free-form record; these three keys are what it promises.
+    rows = s.batch_details.get("candidates") or []
+    return [Candidate(int(r["micro"]), bool(r.get("fits")), r.get("peak_fraction")) for r in rows]
+
+
+def memory_limit_fraction(s: Summary) -> float | None:
+    value = s.batch_details.get("memory_limit_fraction")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+@dataclass(frozen=True)
+class JUnit:
+    """A pytest run's counts, in the order the report shows them."""
+
+    tests: int
+    passed: int
+    failures: int
+    errors: int
+    skipped: int
+    not_passed: list[str]  # classname::name of each failure or error
+
+
+def junit(path: Path) -> JUnit:
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    count = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors")}
-    count["skipped"] = sum(int(s.get("skipped", 0)) for s in suites)
+
+    def total(key: str) -> int:
+        return sum(int(s.get(key, 0)) for s in suites)
+
+    tests, failures, errors, skipped = (
+        total(k) for k in ("tests", "failures", "errors", "skipped")
+    )
     bad = [
         f"{case.get('classname')}::{case.get('name')}"
         for case in root.iter("testcase")
         if case.find("failure") is not None or case.find("error") is not None
     ]
-    passed = count["tests"] - count["failures"] - count["errors"] - count["skipped"]
-    return {**count, "passed": passed, "not_passed": bad}
+    passed = tests - failures - errors - skipped
+    return JUnit(tests, passed, failures, errors, skipped, bad)
 
 
-def bench_rows(path: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = json.loads(path.read_text())["rows"]
+def bench_rows(path: Path) -> list[Row]:
+    rows: list[Row] = json.loads(path.read_text())["rows"]
     return rows
 
 
-def trial_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
+def trial_summaries(sweep_dir: Path) -> list[Summary]:
     """Each trial's summary.json in a multirun directory (trials are numbered subdirectories)."""
-    found = [p for p in sweep_dir.glob("*/summary.json") if p.parent.name.isdigit()]
-    return [json.loads(p.read_text()) for p in sorted(found, key=lambda p: int(p.parent.name))]
+    found = [p.parent for p in sweep_dir.glob("*/summary.json") if p.parent.name.isdigit()]
+    return [Summary.read(p) for p in sorted(found, key=lambda p: int(p.name))]
 
 
 def tensorboard_tags_script() -> str:
@@ -89,7 +128,7 @@ def tensorboard_tags_script() -> str:
 
 
 def tags_from_log(log: Path) -> list[str]:
-    for line in log.read_text(errors="replace").splitlines():
+    for line in printed(log):
         if line.startswith("TAGS "):
             tags: list[str] = json.loads(line[5:])
             return tags

@@ -4,7 +4,6 @@ checks and, where one failed, its last lines of output."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from app.gpu_suite.report import CommandRecord, Report, StepRecord
 
@@ -89,7 +88,7 @@ def _status(status: str) -> str:
     return status.replace("_", " ")
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return "n/a"
     if isinstance(value, float):

@@ -55,7 +55,7 @@ class StepRecord:
     device: str | None = None
     finished_at: str | None = None
     commands: list[CommandRecord] = field(default_factory=list)
-    figures: dict[str, Any] = field(default_factory=dict)
+    figures: dict[str, object] = field(default_factory=dict)  # shown as they are
     checks: list[Check] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
 
@@ -69,9 +69,9 @@ class StepRecord:
 
 @dataclass
 class Report:
-    header: dict[str, Any] = field(default_factory=dict)
+    header: dict[str, object] = field(default_factory=dict)  # the machine (render.HEADER_ROWS)
     steps: list[StepRecord] = field(default_factory=list)
-    parts: list[dict[str, Any]] = field(default_factory=list)
+    parts: list[dict[str, str]] = field(default_factory=list)  # started, command, device
 
     def step(self, name: str) -> StepRecord | None:
         return next((s for s in self.steps if s.name == name), None)
@@ -80,7 +80,7 @@ class Report:
         self.steps = [s for s in self.steps if s.name != rec.name] + [rec]
         self.steps.sort(key=lambda s: s.number)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         steps = [asdict(s) for s in self.steps]
         return {"schema": SCHEMA, "header": self.header, "parts": self.parts, "steps": steps}
 

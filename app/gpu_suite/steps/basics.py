@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
-from typing import Any
 
+from app.engine.summary import Summary
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
 from app.gpu_suite.steps.common import TINY, completed, log_of, loss_fell, run_figures, train
@@ -30,13 +31,13 @@ def gpu_tests(ctx: StepContext) -> None:
     ctx.sh("pytest -m gpu", argv, dry=argv, limit_s=70)
     with ctx.reading("junit.xml"):
         r = readers.junit(junit)
-        for key in ("tests", "passed", "failures", "errors", "skipped", "not_passed"):
-            ctx.figure(key, r[key])
-        detail = f"{r['failures']} failures, {r['errors']} errors"
-        ctx.check("no gpu test failed", r["tests"] > 0 and not r["failures"] + r["errors"], detail)
+        for key, value in dataclasses.asdict(r).items():
+            ctx.figure(key, value)
+        detail = f"{r.failures} failures, {r.errors} errors"
+        ctx.check("no gpu test failed", r.tests > 0 and not r.failures + r.errors, detail)
         if not ctx.dry:
-            ran = f"{r['passed']} passed, {r['skipped']} skipped"
-            ctx.check("the gpu tests ran on the card", r["passed"] > 0, ran)
+            ran = f"{r.passed} passed, {r.skipped} skipped"
+            ctx.check("the gpu tests ran on the card", r.passed > 0, ran)
 
 
 def default_run(ctx: StepContext) -> None:
@@ -49,15 +50,25 @@ def default_run(ctx: StepContext) -> None:
         run_figures(ctx, s)
         completed(ctx, s, "run")
         loss_fell(ctx, s, "run")
-        banner_checks(ctx, s, readers.banner(log_of(ctx, "train")))
+        banner_checks(ctx, s, readers.printed(log_of(ctx, "train")))
 
 
-def banner_checks(ctx: StepContext, s: dict[str, Any], banner: dict[str, str]) -> None:
-    ctx.figure("banner: device", banner.get("device"))
-    ctx.figure("banner: precision", banner.get("precision"))
-    device, precision = banner.get("device", ""), banner.get("precision", "")
-    ctx.check("banner names the preset", f"(preset {s.get('preset')})" in device, device)
-    ctx.check("banner names dtype and reason", precision.startswith(f"{s.get('dtype')}: "))
+def banner_checks(ctx: StepContext, s: Summary, printed: list[str]) -> None:
+    """The plan printed at start is the one summary.json records: its device and precision
+    lines are built from the record and looked for in the output (app/engine/report.py prints
+    them); that they were printed is the one fact here that summary.json does not hold."""
+    lines = [line.rstrip() for line in printed]
+    device = next(
+        (ln for ln in lines if ln.startswith(f"device     {s.device}: {s.device_name}")), ""
+    )
+    precision = f"precision  {s.dtype}: {s.precision_reason}"
+    ctx.figure("banner: device", device.removeprefix("device").strip() or None)
+    ctx.figure(
+        "banner: precision",
+        precision.removeprefix("precision").strip() if precision in lines else None,
+    )
+    ctx.check("banner names the preset", device.endswith(f"(preset {s.preset})"), device)
+    ctx.check("banner names dtype and reason", precision in lines)
     if not ctx.dry:
-        on_card = str(s.get("device", "")).startswith("cuda") and s.get("preset") != "cpu"
-        ctx.check("trained on the card with its preset", on_card, f"{s.get('preset')}")
+        on_card = (s.device or "").startswith("cuda") and s.preset != "cpu"
+        ctx.check("trained on the card with its preset", on_card, f"{s.preset}")

@@ -4,14 +4,15 @@ trainer run."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from app.engine.summary import Summary
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
 
-Overrides = dict[str, Any]
+# key=value settings of a command line; a bool is written as Hydra's true/false
+Overrides = dict[str, str | int | float | Path]
 
-QUIET = {"training.progress_bar": "false"}
+QUIET: Overrides = {"training.progress_bar": "false"}
 # The dry run's model and data: a whole run takes a few seconds on two CPU cores.
 TINY_MODEL: Overrides = {
     "model.n_layer": 1,
@@ -54,7 +55,7 @@ def args(overrides: Overrides) -> list[str]:
     return [f"{k}={_text(v)}" for k, v in overrides.items()]
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return str(value)
@@ -65,7 +66,7 @@ def train(
 ) -> tuple[list[str], list[str] | None]:
     """`python -m app.train` with the GPU settings, and its dry-run twin with the tiny ones
     laid over them (None: the command needs a GPU). Both write to the same run dir."""
-    common = {**QUIET, "hydra.run.dir": run_dir(ctx, run)}
+    common: Overrides = {**QUIET, "hydra.run.dir": run_dir(ctx, run)}
     gpu_argv = ctx.py("-m", "app.train", *args({**gpu, **common}))
     if tiny is None:
         return gpu_argv, None
@@ -83,25 +84,32 @@ def log_of(ctx: StepContext, label: str) -> Path:
     return ctx.suite.out / rec.log
 
 
-def run_figures(ctx: StepContext, s: dict[str, Any], prefix: str = "") -> None:
+# Left out of summary.json while None (a run that never evaluated, an unknown device's MFU)
+OPTIONAL_FIGURES = ("initial_val_loss", "final_val_loss", "mfu", "peak_memory_fraction")
+
+
+def run_figures(ctx: StepContext, s: Summary, prefix: str = "") -> None:
     """The figures every run reports, from its summary.json."""
-    keys = (
-        "status", "steps", "preset", "device_name", "dtype", "precision_reason",
-        "micro_batch_size", "grad_accum_steps", "effective_batch_size", "batch_source",
-        "initial_val_loss", "final_val_loss", "tokens_per_sec", "mfu",
-        "peak_memory_fraction", "wall_time_s",
-    )  # fmt: skip
-    for key in keys:
-        if key in s:
-            ctx.figure(prefix + key, s[key])
-    if s.get("peak_memory_bytes"):
-        ctx.figure(prefix + "peak_memory_gib", round(s["peak_memory_bytes"] / 2**30, 2))
+    figures = {
+        "status": s.status, "steps": s.steps, "preset": s.preset, "device_name": s.device_name,
+        "dtype": s.dtype, "precision_reason": s.precision_reason,
+        "micro_batch_size": s.micro_batch_size, "grad_accum_steps": s.grad_accum_steps,
+        "effective_batch_size": s.effective_batch_size, "batch_source": s.batch_source,
+        "initial_val_loss": s.initial_val.get("loss"), "final_val_loss": s.final_val.get("loss"),
+        "tokens_per_sec": s.tokens_per_sec, "mfu": s.mfu,
+        "peak_memory_fraction": s.peak_memory_fraction, "wall_time_s": s.wall_time_s,
+    }  # fmt: skip
+    for key, value in figures.items():
+        if value is not None or key not in OPTIONAL_FIGURES:
+            ctx.figure(prefix + key, value)
+    if s.peak_memory_bytes:
+        ctx.figure(prefix + "peak_memory_gib", round(s.peak_memory_bytes / 2**30, 2))
 
 
-def completed(ctx: StepContext, s: dict[str, Any], what: str) -> bool:
-    return ctx.check(f"{what}: status completed", s.get("status") == "completed", s.get("status"))
+def completed(ctx: StepContext, s: Summary, what: str) -> bool:
+    return ctx.check(f"{what}: status completed", s.status == "completed", s.status)
 
 
-def loss_fell(ctx: StepContext, s: dict[str, Any], what: str) -> bool:
+def loss_fell(ctx: StepContext, s: Summary, what: str) -> bool:
     ok, detail = readers.loss_fell(s)
     return ctx.check(f"{what}: validation loss fell", ok, detail)

@@ -4,8 +4,8 @@ size it chose, then a second run that takes the size from the cache."""
 from __future__ import annotations
 
 import shutil
-from typing import Any
 
+from app.engine.summary import Summary
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
 from app.gpu_suite.steps.common import GPT2, GPT2_TINY, completed, run_figures, train
@@ -40,23 +40,25 @@ def probe(ctx: StepContext) -> None:
     with ctx.reading("the cached run"):
         second = readers.summary(ctx.dir / "cached")
         run_figures(ctx, second, "cached: ")
-        source = second.get("batch_source")
+        source = second.batch_source
         ctx.check("second run: micro-batch from the cache", source == "cached", source)
-        same = second.get("micro_batch_size") == first.get("micro_batch_size")
-        ctx.check("second run: the same micro-batch", same, f"{second.get('micro_batch_size')}")
+        same = second.micro_batch_size == first.micro_batch_size
+        ctx.check("second run: the same micro-batch", same, f"{second.micro_batch_size}")
 
 
-def probed_checks(ctx: StepContext, s: dict[str, Any]) -> None:
+def probed_checks(ctx: StepContext, s: Summary) -> None:
     run_figures(ctx, s)
-    d = s.get("batch_details") or {}
-    rows = d.get("candidates") or []
-    for key in ("probe_seconds", "probe_steps", "chosen_by", "memory_limit_fraction"):
+    d = s.batch_details
+    rows = readers.candidates(s)
+    for key in ("probe_seconds", "probe_steps", "chosen_by"):  # the probe's own record
         ctx.figure(key, d.get(key))
-    ctx.figure("fit", [r["micro"] for r in rows if r.get("fits")])
-    ctx.figure("failed", [r["micro"] for r in rows if not r.get("fits")])
+    limit = readers.memory_limit_fraction(s)
+    ctx.figure("memory_limit_fraction", limit)
+    ctx.figure("fit", [r.micro for r in rows if r.fits])
+    ctx.figure("failed", [r.micro for r in rows if not r.fits])
     completed(ctx, s, "probed run")
-    ctx.check("micro-batch probed", s.get("batch_source") == "probed", s.get("batch_source"))
+    ctx.check("micro-batch probed", s.batch_source == "probed", s.batch_source)
     if not ctx.dry:
-        peak, limit = s.get("peak_memory_fraction"), d.get("memory_limit_fraction")
-        under = isinstance(peak, float) and isinstance(limit, float) and peak < limit
+        peak = s.peak_memory_fraction
+        under = peak is not None and limit is not None and peak < limit
         ctx.check("peak memory over the run under 1 - headroom", under, f"{peak} < {limit}")

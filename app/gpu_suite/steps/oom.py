@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
+from app.engine.summary import Summary
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
 from app.gpu_suite.steps.common import (
@@ -21,6 +21,7 @@ from app.gpu_suite.steps.common import (
     GPT2,
     LEAN,
     TINY_MODEL,
+    Overrides,
     completed,
     run_figures,
     train,
@@ -51,7 +52,7 @@ ALLOCATED = "system/gpu_memory_allocated_mb"
 def oom(ctx: StepContext) -> None:
     cache = ctx.dir / "autobatch"
     seed_cache(ctx, cache)
-    where = {"training.auto_batch.cache_dir": cache}
+    where: Overrides = {"training.auto_batch.cache_dir": cache}
     first = shape_run(ctx, where)
     real_oom(ctx, where, first)
     forced_oom(ctx)
@@ -68,7 +69,7 @@ def seed_cache(ctx: StepContext, cache: Path) -> None:
         return
 
 
-def shape_run(ctx: StepContext, where: dict[str, Any]) -> dict[str, Any] | None:
+def shape_run(ctx: StepContext, where: Overrides) -> Summary | None:
     gpu, _ = train(ctx, "before", {**SHAPE, **where})
     why = "not run in the dry run: step 4's second run is the same on the CPU"
     if ctx.sh("the shape's own micro-batch", gpu, limit_s=80, dry_skip=why).status != "ok":
@@ -80,12 +81,11 @@ def shape_run(ctx: StepContext, where: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def hog_bytes(s: dict[str, Any]) -> int | None:
+def hog_bytes(s: Summary) -> int | None:
     """What to hold so that the chosen micro-batch m no longer fits but m/2 still does: the
     card less the midpoint of their measured peaks, less 1 GiB for two CUDA contexts."""
-    total, m = s.get("device_memory_bytes"), s.get("micro_batch_size") or 0
-    rows = (s.get("batch_details") or {}).get("candidates") or []
-    peaks = {r["micro"]: r.get("peak_fraction") for r in rows}
+    total, m = s.device_memory_bytes, s.micro_batch_size or 0
+    peaks = {r.micro: r.peak_fraction for r in readers.candidates(s)}
     high = peaks.get(m)
     if not total or not high or m < 2:
         return None
@@ -93,7 +93,7 @@ def hog_bytes(s: dict[str, Any]) -> int | None:
     return int(total * (1 - (high + low) / 2) - 2**30)
 
 
-def real_oom(ctx: StepContext, where: dict[str, Any], first: dict[str, Any] | None) -> None:
+def real_oom(ctx: StepContext, where: Overrides, first: Summary | None) -> None:
     size = hog_bytes(first) if first else None
     hog = ctx.py("-c", HOG, str(size) if size else "BYTES")
     if not ctx.dry and size is None:
@@ -114,25 +114,25 @@ def real_oom(ctx: StepContext, where: dict[str, Any], first: dict[str, Any] | No
         recovered_checks(ctx, first, readers.summary(ctx.dir / "pressed"))
         memory_back(ctx, ctx.dir / "before", ctx.dir / "pressed")
         learned = readers.summary(ctx.dir / "after")
-        ctx.figure("after: micro_batch_size", learned.get("micro_batch_size"))
-        below = (learned.get("micro_batch_size") or 0) < first["micro_batch_size"]
-        cached = learned.get("batch_source") == "cached"
+        ctx.figure("after: micro_batch_size", learned.micro_batch_size)
+        below = (learned.micro_batch_size or 0) < (first.micro_batch_size or 0)
+        cached = learned.batch_source == "cached"
         what = "the cache learned: the next run takes a size below the one that ran out"
-        ctx.check(what, below and cached, learned.get("batch_source"))
+        ctx.check(what, below and cached, learned.batch_source)
 
 
-def recovered_checks(ctx: StepContext, first: dict[str, Any], s: dict[str, Any]) -> None:
+def recovered_checks(ctx: StepContext, first: Summary, s: Summary) -> None:
     run_figures(ctx, s, "pressed: ")
-    ctx.figure("pressed: oom_count", s.get("oom_count"))
+    ctx.figure("pressed: oom_count", s.oom_count)
     completed(ctx, s, "run under pressure")
-    real = (s.get("oom_count") or 0) >= 1 and s.get("batch_source") == "reduced_after_oom"
-    ctx.check("a real OOM, recovered by halving", real, f"oom_count={s.get('oom_count')}")
-    same_batch(ctx, s, first["effective_batch_size"], "run under pressure")
+    real = s.oom_count >= 1 and s.batch_source == "reduced_after_oom"
+    ctx.check("a real OOM, recovered by halving", real, f"oom_count={s.oom_count}")
+    same_batch(ctx, s, first.effective_batch_size, "run under pressure")
 
 
-def same_batch(ctx: StepContext, s: dict[str, Any], want: int, what: str) -> None:
-    sizes = s.get("micro_batch_sizes") or []
-    ok = s.get("effective_batch_size") == want and sum(sizes) * s.get("world_size", 1) == want
+def same_batch(ctx: StepContext, s: Summary, want: int | None, what: str) -> None:
+    sizes = s.micro_batch_sizes
+    ok = s.effective_batch_size == want and sum(sizes) * s.world_size == want
     ctx.check(f"{what}: effective batch unchanged", ok, f"{sizes} = {want}")
 
 
@@ -155,22 +155,28 @@ def forced_oom(ctx: StepContext) -> None:
         return
     with ctx.reading("the forced run"):
         s = readers.summary(ctx.dir / "forced")
-        ctx.figure("forced: micro_batch_size", s.get("micro_batch_size"))
-        ctx.figure("forced: oom_count", s.get("oom_count"))
+        ctx.figure("forced: micro_batch_size", s.micro_batch_size)
+        ctx.figure("forced: oom_count", s.oom_count)
         completed(ctx, s, "forced run")
-        halved = (s.get("oom_count") or 0) >= 1 and (s.get("micro_batch_size") or 512) < 512
+        halved = s.oom_count >= 1 and (s.micro_batch_size or 512) < 512
         ctx.check("forced run: real OOMs, halved until it fits", halved)
         same_batch(ctx, s, 512, "forced run")
 
 
-def injected_overrides(phase: str) -> dict[str, Any]:
-    base = {"gpu": "auto", **EAGER, **LEAN, "faults.oom_phase": phase, "faults.oom_from_step": 3}
+def oom_above(phase: str) -> int:
+    """faults.oom_above_micro_batch: the largest micro-batch the injected OOM spares."""
+    return 8 if phase == "eval" else 6
+
+
+def injected_overrides(phase: str) -> Overrides:
+    base: Overrides = {"gpu": "auto", **EAGER, **LEAN, "faults.oom_phase": phase}
+    base |= {"faults.oom_from_step": 3}
     base |= {"training.max_steps": 8, "training.eval_every": 4, "training.log_every": 1}
     if phase == "eval":  # training's micro-batch fits; evaluation's, 4x larger, does not
-        size = {"training.micro_batch_size": 4, "training.eval_micro_batch_size": "auto"}
-        return {**base, **size, "faults.oom_above_micro_batch": 8}
-    size = {"training.micro_batch_size": 16, "training.effective_batch_size": 32}
-    return {**base, **size, "faults.oom_above_micro_batch": 6}
+        base |= {"training.micro_batch_size": 4, "training.eval_micro_batch_size": "auto"}
+    else:
+        base |= {"training.micro_batch_size": 16, "training.effective_batch_size": 32}
+    return base | {"faults.oom_above_micro_batch": oom_above(phase)}
 
 
 # The dry run keeps to two phases: backward and optimizer differ from forward only in the
@@ -187,14 +193,12 @@ def injected(ctx: StepContext, phase: str) -> None:
         return
     with ctx.reading(f"the injected {phase} run"):
         s = readers.summary(ctx.dir / f"injected-{phase}")
-        ctx.figure(f"{phase}: oom_count", s.get("oom_count"))
-        ctx.figure(
-            f"{phase}: micro / eval micro",
-            [s.get("micro_batch_size"), s.get("eval_micro_batch_size")],
-        )
+        ctx.figure(f"{phase}: oom_count", s.oom_count)
+        ctx.figure(f"{phase}: micro / eval micro", [s.micro_batch_size, s.eval_micro_batch_size])
         completed(ctx, s, phase)
-        limit = gpu["faults.oom_above_micro_batch"]
+        limit = oom_above(phase)
         key = "eval_micro_batch_size" if phase == "eval" else "micro_batch_size"
-        fired = (s.get("oom_count") or 0) >= 1 and (s.get(key) or limit + 1) <= limit
+        size = s.eval_micro_batch_size if phase == "eval" else s.micro_batch_size
+        fired = s.oom_count >= 1 and (size or limit + 1) <= limit
         ctx.check(f"{phase}: OOM fired and {key} halved to <= {limit}", fired)
         same_batch(ctx, s, 32, phase)

@@ -3,11 +3,10 @@ and the transformers Trainer), and the NLI DeBERTa experiment's throughput."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from app.bench.report import Row
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
-from app.gpu_suite.steps.common import LEAN, completed, run_figures, train
+from app.gpu_suite.steps.common import LEAN, Overrides, completed, run_figures, train
 
 MFU_GOAL = 0.40  # compiled GPT-2 small on an H100 (issue 22)
 # Compiling each contender takes about a minute on the card; eager runs take seconds.
@@ -15,6 +14,7 @@ BENCH_LIMITS = {"eager": 120.0, "compile": 330.0}
 
 
 def bench(ctx: StepContext) -> None:
+    rows: list[Row] = []
     for variant, limit in BENCH_LIMITS.items():
         path = ctx.dir / f"{variant}.json"
         gpu = ctx.py("-m", "app.bench", "--profile", "gpt2_small", "--rounds", "1")
@@ -26,13 +26,15 @@ def bench(ctx: StepContext) -> None:
         rec = ctx.sh(f"bench {variant}", gpu, dry=dry, limit_s=limit)
         if rec.status == "ok":
             with ctx.reading(f"bench {variant} JSON"):
-                bench_figures(ctx, readers.bench_rows(path))
+                found = readers.bench_rows(path)
+                bench_figures(ctx, found)
+                rows += found
     if not ctx.dry:
         with ctx.reading("bench goals"):
-            bench_goals(ctx)
+            bench_goals(ctx, rows)
 
 
-def bench_figures(ctx: StepContext, rows: list[dict[str, Any]]) -> None:
+def bench_figures(ctx: StepContext, rows: list[Row]) -> None:
     for r in rows:
         name = f"{r['variant']} {r['contender']}"
         ctx.figure(f"{name} tokens/s", r.get("tokens_per_sec"))
@@ -43,11 +45,12 @@ def bench_figures(ctx: StepContext, rows: list[dict[str, Any]]) -> None:
         ctx.check(f"{name} ran", bool(r.get("runs_ok")), f"runs_ok={r.get('runs_ok')}")
 
 
-def bench_goals(ctx: StepContext) -> None:
-    f = ctx.rec.figures
-    mfu, ours, hf = (
-        f.get(f"compile {c}") for c in ("trainer MFU", "trainer tokens/s", "hf tokens/s")
-    )
+def bench_goals(ctx: StepContext, rows: list[Row]) -> None:
+    none: Row = {}
+    compiled = {r["contender"]: r for r in rows if r["variant"] == "compile"}
+    trainer, hf_trainer = compiled.get("trainer", none), compiled.get("hf", none)
+    mfu, ours = trainer.get("mfu"), trainer.get("tokens_per_sec")
+    hf = hf_trainer.get("tokens_per_sec")
     on_h100 = "H100" in ctx.suite.device
     if on_h100:
         ctx.check(
@@ -64,7 +67,8 @@ def bench_goals(ctx: StepContext) -> None:
 
 # DeBERTa-v3-base's shape without its weights (none on a machine without a network): 12
 # layers, width 768, 12 heads, 3072 FFN, 512 positions, 128k vocabulary, relative attention.
-DEBERTA_BASE = {
+DEBERTA_BASE_STEPS, DEBERTA_TINY_STEPS = 100, 4
+DEBERTA_BASE: Overrides = {
     "experiment": "nli_deberta",
     "model": "tiny_deberta",
     "data": "tiny_nli",
@@ -74,14 +78,14 @@ DEBERTA_BASE = {
     "model.intermediate_size": 3072,
     "model.max_position_embeddings": 512,
     "model.vocab_size": 128100,
-    "training.max_steps": 100,
+    "training.max_steps": DEBERTA_BASE_STEPS,
     "training.eval_every": 100,
     "training.eval_samples": 512,
     "training.log_every": 10,
     "training.warmup_steps": 10,
     **LEAN,
 }
-DEBERTA_TINY = {
+DEBERTA_TINY: Overrides = {
     "model.n_layer": 1,
     "model.n_head": 2,
     "model.n_embd": 32,
@@ -91,7 +95,7 @@ DEBERTA_TINY = {
     "data.builtin_num_docs": 600,
     "data.max_length": 64,
     "training.effective_batch_size": 8,
-    "training.max_steps": 4,
+    "training.max_steps": DEBERTA_TINY_STEPS,
     "training.eval_every": 4,
     "training.eval_samples": 16,
     "training.log_every": 1,
@@ -108,9 +112,9 @@ def deberta(ctx: StepContext) -> None:
         run = ctx.dir / "run"
         s = readers.summary(run)
         run_figures(ctx, s)
-        ctx.figure("final_val_accuracy", s.get("final_val_accuracy"))
+        ctx.figure("final_val_accuracy", s.final_val.get("accuracy"))
         rate = readers.median(readers.series(readers.metrics(run), "train/samples_per_sec"))
         ctx.figure("samples/s (median of log windows)", rate)
         completed(ctx, s, "run")
-        want = DEBERTA_TINY["training.max_steps"] if ctx.dry else DEBERTA_BASE["training.max_steps"]
-        ctx.check("trained every step", s.get("steps") == want, f"{s.get('steps')} of {want}")
+        want = DEBERTA_TINY_STEPS if ctx.dry else DEBERTA_BASE_STEPS
+        ctx.check("trained every step", s.steps == want, f"{s.steps} of {want}")

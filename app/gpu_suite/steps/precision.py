@@ -3,8 +3,6 @@ logging every step costs."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
 from app.gpu_suite.steps.common import (
@@ -33,15 +31,16 @@ def precision(ctx: StepContext) -> None:
             continue
         with ctx.reading(f"precision={p}"):
             s = readers.summary(ctx.dir / p)
-            for key in ("dtype", "precision_reason", "final_val_loss", "tokens_per_sec", "mfu"):
-                ctx.figure(f"{p}: {key}", s.get(key))
+            figures: dict[str, object] = {"dtype": s.dtype, "precision_reason": s.precision_reason}
+            figures |= {"final_val_loss": s.final_val.get("loss")}
+            figures |= {"tokens_per_sec": s.tokens_per_sec, "mfu": s.mfu}
+            for key, value in figures.items():
+                ctx.figure(f"{p}: {key}", value)
             completed(ctx, s, p)
             loss_fell(ctx, s, p)
             want = ("bf16", "fp16") if p == "auto" and not ctx.dry else (p,)
             if p != "auto" or not ctx.dry:
-                ctx.check(
-                    f"{p}: trained in {'/'.join(want)}", s.get("dtype") in want, s.get("dtype")
-                )
+                ctx.check(f"{p}: trained in {'/'.join(want)}", s.dtype in want, s.dtype)
 
 
 NVML = (
@@ -75,7 +74,7 @@ def nvml(ctx: StepContext) -> None:
         gpu, dry = train(ctx, f"log_every_{n}", {**CADENCE, "training.log_every": n}, tiny)
         if ctx.sh(f"log_every={n}", gpu, dry=dry, limit_s=55).status == "ok":
             with ctx.reading(f"log_every={n}"):
-                every[n] = readers.summary(ctx.dir / f"log_every_{n}").get("tokens_per_sec")
+                every[n] = readers.summary(ctx.dir / f"log_every_{n}").tokens_per_sec
                 ctx.figure(f"log_every={n}: tokens/s", every[n])
     run = ctx.dir / "log_every_1"
     argv = ctx.py("-c", readers.tensorboard_tags_script(), str(run / "tensorboard"))
@@ -95,7 +94,7 @@ def nvml(ctx: StepContext) -> None:
         )
 
 
-def scalar_checks(ctx: StepContext, rows: list[dict[str, Any]], tags: list[str]) -> None:
+def scalar_checks(ctx: StepContext, rows: list[readers.MetricsRow], tags: list[str]) -> None:
     ctx.figure("system/* tags in TensorBoard", [t for t in tags if t.startswith("system/")])
     ctx.check("TensorBoard has the training loss", "train/loss" in tags)
     for key in (*NVML, "system/gpu_memory_allocated_mb"):

@@ -7,7 +7,6 @@ line (`--cfg job`: exit status 2 and "no such setting" when the key is unknown).
 from __future__ import annotations
 
 import shutil
-from typing import Any
 
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
@@ -18,12 +17,13 @@ from app.gpu_suite.steps.common import (
     GPT2_TINY,
     QUIET,
     TINY,
+    Overrides,
     args,
     completed,
     loss_fell,
 )
 
-DDP = {
+DDP: Overrides = {
     "gpu": "auto",
     **EAGER,
     "training.effective_batch_size": 64,
@@ -32,9 +32,10 @@ DDP = {
     "training.checkpoint_every": 0,
     "training.export": "false",
 }
-STUDY = {
+STUDY_TRIALS, STUDY_TINY_TRIALS = 4, 2
+STUDY: Overrides = {
     **GPT2,
-    "hpo.n_trials": 4,
+    "hpo.n_trials": STUDY_TRIALS,
     "training.max_steps": 40,
     "training.eval_every": 10,
     "training.eval_samples": 32,
@@ -42,9 +43,9 @@ STUDY = {
     "hydra.sweeper.params": "{training.effective_batch_size:'choice(16, 32)',"
     "training.lr:'tag(log, interval(1e-4, 1e-3))'}",
 }
-STUDY_TINY = {
+STUDY_TINY: Overrides = {
     **GPT2_TINY,
-    "hpo.n_trials": 2,
+    "hpo.n_trials": STUDY_TINY_TRIALS,
     "hydra.sweeper.params": "{training.effective_batch_size:'choice(8, 16)'}",
 }
 
@@ -82,32 +83,28 @@ def log_lines(ctx: StepContext, rec: CommandRecord) -> list[str]:
     return (ctx.suite.out / str(rec.log)).read_text(errors="replace").splitlines()
 
 
-def torchrun(ctx: StepContext, run: str, extra: dict[str, Any]) -> list[str]:
+def torchrun(ctx: StepContext, run: str, extra: Overrides) -> list[str]:
     n = max(ctx.gpus, 2)
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
-    common = {**QUIET, "hydra.run.dir": ctx.dir / run}
+    common: Overrides = {**QUIET, "hydra.run.dir": ctx.dir / run}
     return ctx.py(*launcher, "-m", "app.train", *args({**DDP, **extra, **common}))
 
 
-def ddp(ctx: StepContext, run: str, extra: dict[str, Any]) -> None:
+def ddp(ctx: StepContext, run: str, extra: Overrides) -> None:
     argv = torchrun(ctx, run, extra)
     if ctx.sh(run, argv, limit_s=90, needs_gpus=2).status != "ok":
         return
     with ctx.reading(f"the {run} run"):
         s = readers.summary(ctx.dir / run)
-        ctx.figure(f"{run}: world_size", s.get("world_size"))
-        ctx.figure(f"{run}: tokens_per_sec", s.get("tokens_per_sec"))
+        ctx.figure(f"{run}: world_size", s.world_size)
+        ctx.figure(f"{run}: tokens_per_sec", s.tokens_per_sec)
         completed(ctx, s, run)
         loss_fell(ctx, s, run)
-        ctx.check(
-            f"{run}: one rank per GPU", s.get("world_size") == ctx.gpus, f"{s.get('world_size')}"
-        )
+        ctx.check(f"{run}: one rank per GPU", s.world_size == ctx.gpus, f"{s.world_size}")
 
 
-def study_argv(
-    ctx: StepContext, name: str, extra: dict[str, Any], sizes: dict[str, Any]
-) -> list[str]:
-    where = {
+def study_argv(ctx: StepContext, name: str, extra: Overrides, sizes: Overrides) -> list[str]:
+    where: Overrides = {
         "hpo.study_name": f"gpu_suite_{name}",
         "hpo.storage": ctx.dir / f"{name}.journal",
         "hydra.sweep.dir": ctx.dir / name,
@@ -117,7 +114,7 @@ def study_argv(
     )
 
 
-def study(ctx: StepContext, name: str, extra: dict[str, Any]) -> None:
+def study(ctx: StepContext, name: str, extra: Overrides) -> None:
     shutil.rmtree(ctx.dir / name, ignore_errors=True)  # a study starts afresh in a rerun
     (ctx.dir / f"{name}.journal").unlink(missing_ok=True)
     gpu = study_argv(ctx, name, extra, STUDY)
@@ -126,14 +123,15 @@ def study(ctx: StepContext, name: str, extra: dict[str, Any]) -> None:
         return
     with ctx.reading(f"the {name} study"):
         trials = readers.trial_summaries(ctx.dir / name)
-        states = [t.get("status") for t in trials]
+        states = [t.status for t in trials]
         ctx.figure(f"{name}: trial statuses", states)
-        ctx.figure(f"{name}: micro-batches", [t.get("micro_batch_size") for t in trials])
-        losses = [t["final_val_loss"] for t in trials if t.get("status") == "completed"]
+        ctx.figure(f"{name}: micro-batches", [t.micro_batch_size for t in trials])
+        done = [t.final_val.get("loss") for t in trials if t.status == "completed"]
+        losses = [loss for loss in done if loss is not None]
         ctx.figure(f"{name}: best final_val_loss", min(losses) if losses else None)
-        rates = [t["tokens_per_sec"] for t in trials if t.get("tokens_per_sec")]
+        rates = [t.tokens_per_sec for t in trials if t.tokens_per_sec]
         ctx.figure(f"{name}: median tokens/s", readers.median(rates))
-        want = (STUDY_TINY if ctx.dry else STUDY)["hpo.n_trials"]
+        want = STUDY_TINY_TRIALS if ctx.dry else STUDY_TRIALS
         ctx.check(f"{name}: every trial ran", len(trials) == want, f"{len(trials)} of {want}")
         ctx.check(f"{name}: a trial completed", "completed" in states)
         ctx.check(
