@@ -1,36 +1,85 @@
 """What the benchmark does per task (app/components/tasks/): the unit of throughput, how the
 bare loop samples and splits a step, and how a transformers Trainer user feeds the same data.
 
-`bench_task(cfg)` looks the strategy up once by the task's name; the workers call its methods
-and never branch on the task. Data and model come from the project's own Task (`task.load_data`,
-`task.build_model`), so the three contenders train the same model on the same samples.
+`bench_task(cfg)` looks the strategy up once by the task: each strategy names the task class it
+measures and registers itself (`@benchmarks`), so a new task's strategy is one more class. The
+workers call its methods and never branch on the task. Data and model come from the project's
+own Task (`task.load_data`, `task.build_model`), so the three contenders train the same model
+on the same samples.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 from app.components.tasks import build_task
 from app.components.tasks.base import Task, TaskData
+from app.components.tasks.causal_lm import CausalLM
+from app.components.tasks.classification import SequenceClassification
 from app.config.schema import TrainConfig
+from app.core.errors import ConfigError
 
 
-def bench_task(cfg: TrainConfig) -> CausalLMBench | ClassificationBench:
-    task = build_task(cfg.task)
-    return BENCH_TASKS[task.name](task, cfg)
+class TaskBench(abc.ABC):
+    """The benchmark's strategy for one task."""
 
-
-class CausalLMBench:
-    """Packed token blocks: every step is `effective_batch * seq_len` tokens, no padding."""
-
-    unit = "tokens"
+    measures: ClassVar[type[Task]]  # the task it measures
+    unit: ClassVar[str]  # what throughput counts: "tokens" | "samples"
 
     def __init__(self, task: Task, cfg: TrainConfig) -> None:
         self.task, self.cfg = task, cfg
+
+    @abc.abstractmethod
+    def step_work(self, batch, sizes: Sequence[int]) -> tuple[int, int]:
+        """(tokens that carry data, tokens computed with padding) of a host step batch."""
+
+    @abc.abstractmethod
+    def bare_sampler(self, data: TaskData) -> Callable[[int], torch.Tensor]:
+        """step -> the step's sample indices."""
+
+    @abc.abstractmethod
+    def bare_backward(self, model, batch, micro: int, accum: int, amp, dev) -> torch.Tensor:
+        """Forward and backward of every micro-batch of a step; the last one's loss."""
+
+    @abc.abstractmethod
+    def hf_setup(self, data: TaskData) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        """(train dataset, extra TrainingArguments, extra Trainer arguments)."""
+
+    @abc.abstractmethod
+    def hf_micro_loss(self, last: float, accum: int) -> float:
+        """A micro-batch's loss as the Trainer logs it, as a share of the step's."""
+
+
+BENCH_TASKS: dict[str, type[TaskBench]] = {}  # task.name -> its strategy, filled by @benchmarks
+B = TypeVar("B", bound=type[TaskBench])
+
+
+def benchmarks(cls: B) -> B:
+    """Register a strategy for the task it `measures`."""
+    BENCH_TASKS[cls.measures.name] = cls
+    return cls
+
+
+def bench_task(cfg: TrainConfig) -> TaskBench:
+    task = build_task(cfg.task)
+    if task.name not in BENCH_TASKS:
+        raise ConfigError(
+            f"task={task.name} has no benchmark strategy; benchmarked: {', '.join(BENCH_TASKS)}"
+        )
+    return BENCH_TASKS[task.name](task, cfg)
+
+
+@benchmarks
+class CausalLMBench(TaskBench):
+    """Packed token blocks: every step is `effective_batch * seq_len` tokens, no padding."""
+
+    measures = CausalLM
+    unit = "tokens"
 
     def step_work(self, blocks: torch.Tensor, sizes: Sequence[int]) -> tuple[int, int]:
         """(tokens that carry data, tokens computed with padding) of a host step batch."""
@@ -72,14 +121,13 @@ class CausalLMBench:
         return last * accum
 
 
-class ClassificationBench:
+@benchmarks
+class ClassificationBench(TaskBench):
     """Padded rows, length-grouped steps, each micro-batch padded to its longest row (a
     multiple of 8): throughput in samples, the work in tokens with and without padding."""
 
+    measures = SequenceClassification
     unit = "samples"
-
-    def __init__(self, task: Task, cfg: TrainConfig) -> None:
-        self.task, self.cfg = task, cfg
 
     def step_work(self, rows, sizes: Sequence[int]) -> tuple[int, int]:
         from app.components.data.padded import padded_length
@@ -150,6 +198,8 @@ class ClassificationBench:
         columns["labels"] = rows.labels.tolist()
         datasets.disable_progress_bars()
         tokenizer = data.info["tokenizer"]
+        if tokenizer is None:  # classification data always carries the one it was made with
+            raise TypeError("classification data without its tokenizer")
         collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
         return (
             datasets.Dataset.from_dict(columns),
@@ -179,6 +229,3 @@ class _HfBlocks:
     def __getitem__(self, i: int) -> dict[str, Any]:
         x = self.blocks[i, :-1]
         return {"input_ids": x, "labels": x}
-
-
-BENCH_TASKS: dict[str, type] = {"causal_lm": CausalLMBench, "classification": ClassificationBench}

@@ -90,25 +90,28 @@ class TrainConfig:
             )
 
     def _check_fits_task(self) -> None:
-        """The model family and the data source serve this task; the model's own checks."""
+        """The model family builds the head the task trains and the data source gives the
+        samples it reads (what each declares, not lists of names); then their own checks."""
         from app.components.data.sources import SOURCES
         from app.components.models.families import MODELS
         from app.components.tasks import TASKS
 
         task = TASKS.get(self.task.name)(self.task)
         family = MODELS.get(self.model.arch)
-        if task.name not in family.tasks:
-            kind = TASKS.get(family.tasks[0]).model_noun
-            archs = [f.name for f in MODELS.all() if task.name in f.tasks]
+        if not family.builds(task.head):
+            noun = family.heads[0].noun if family.heads else "no model"
+            archs = [f.name for f in MODELS.all() if f.builds(task.head)]
             raise ConfigError(
-                f"model.arch={family.name!r} is {kind}, not a model for task={task.name}; "
-                f"choose one of: {', '.join(archs)}"
+                f"model.arch={family.name!r} is {noun}, not a model for task={task.name}, which "
+                f"trains {task.head.noun}; choose one of: {', '.join(archs)}"
             )
         source = SOURCES.get(self.data.source)
-        if task.name not in source.tasks:
-            served = [s.name for s in SOURCES.all() if task.name in s.tasks]
+        if task.reads not in source.gives:
+            gives = " or ".join(k.name for k in source.gives) or "nothing"
+            served = [s.name for s in SOURCES.all() if task.reads in s.gives]
             raise ConfigError(
-                f"data.source={source.name!r} does not serve task={task.name}; choose one of: "
+                f"data.source={source.name!r} does not serve task={task.name}, which reads "
+                f"{task.reads.name} ({source.name} gives {gives}); choose one of: "
                 f"{', '.join(served)}"
             )
         source.check(self.data, task)
@@ -142,7 +145,10 @@ def model_tokenizer(fallback: str, *, _root_: DictConfig) -> str | None:
     """`data.tokenizer: ${model_tokenizer:byte}`: a pretrained model's own tokenizer (its
     model.path), else `fallback` for a model trained from scratch. Without it the default data
     would feed byte ids to a BPE model; a tokenizer set explicitly still wins."""
-    if OmegaConf.select(_root_, "model.arch", default=None) == "pretrained":
+    from app.components.models.families import MODELS
+
+    arch = OmegaConf.select(_root_, "model.arch", default=None)
+    if arch in MODELS.names() and MODELS.get(arch).loads_checkpoint:
         return OmegaConf.select(_root_, "model.path", default=None)
     return fallback
 

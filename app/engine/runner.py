@@ -142,7 +142,7 @@ def ended_by(exc: BaseException) -> tuple[str, str | None]:
 def _from_config(config: TrainConfig) -> bool:
     from app.components.models.families import MODELS
 
-    return MODELS.get(config.model.arch).from_config
+    return not MODELS.get(config.model.arch).loads_checkpoint
 
 
 def export(

@@ -35,21 +35,9 @@ GIB = 2**30
 # One optimizer step's token ids live on the host (and a few more in the loader's prefetch).
 STEP_BATCH_HOST_FRACTION = 0.1
 WEIGHTS_AND_GRADS_BYTES_PER_PARAM = 8  # fp32 weights and gradients; the optimizer adds its own
-# What a checkpoint must agree on with the run that resumes it.
-SHAPE_KEYS = (
-    "task.name",
-    "model.arch",
-    "model.path",
-    "model.vocab_size",
-    "model.n_layer",
-    "model.n_head",
-    "model.n_kv_head",
-    "model.n_embd",
-    "model.intermediate_size",
-    "model.max_position_embeddings",
-    "data.tokenizer",
-    "data.tokenizer_vocab_size",
-)
+# What a checkpoint must agree on with the run that resumes it, around its model family's
+# own shape (ModelFamily.shape_keys).
+TOKENIZER_KEYS = ("data.tokenizer", "data.tokenizer_vocab_size")
 # What a checkpoint written before a key existed was trained with.
 SHAPE_DEFAULTS = {"task.name": "causal_lm"}
 
@@ -199,7 +187,7 @@ def resume_checkpoint(config: TrainConfig, run_dir: Path) -> Path | None:
 
 
 def model_identity(config: TrainConfig) -> dict[str, object]:
-    """The settings that shape the model, saved in each checkpoint (SHAPE_KEYS are among them)."""
+    """The settings that shape the model, saved in each checkpoint (shape_keys are among them)."""
     return {
         "task": dataclasses.asdict(config.task),
         "model": dataclasses.asdict(config.model),
@@ -216,7 +204,7 @@ def check_resume_matches(
     if saved is None:
         return
     now = model_identity(config)
-    for key in SHAPE_KEYS:
+    for key in shape_keys(config):
         old = _select(saved, key)
         old = SHAPE_DEFAULTS.get(key) if old is None else old
         new = _select(now, key)
@@ -225,6 +213,11 @@ def check_resume_matches(
                 f"training.resume={checkpoint}: the checkpoint was trained with {key}={old}, this "
                 f"run has {key}={new}; resume with the same model or start a new run"
             )
+
+
+def shape_keys(config: TrainConfig) -> tuple[str, ...]:
+    """The task, the model family's shape and the tokenizer: what fixes the model's tensors."""
+    return ("task.name", *MODELS.get(config.model.arch).shape_keys(), *TOKENIZER_KEYS)
 
 
 def check_resume_batch(

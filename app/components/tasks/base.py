@@ -18,12 +18,17 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
 
+from app.components.data.kinds import SampleKind
 from app.components.data.task_data import TaskData
+from app.components.models.heads import Head
+from app.core.json_types import Json
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
+    from typing_extensions import Self
 
     from app.components.data.config import DataConfig
     from app.components.models.config import ModelConfig
@@ -59,12 +64,26 @@ class Metric:
         return f"final_val_{self.name}"
 
 
-class Task(abc.ABC):
+class Movable(Protocol):
+    """Model inputs a step moves to the device: a tensor, or a task's own batch type."""
+
+    def to(self, device: torch.device, *, non_blocking: bool = ...) -> Self: ...
+
+
+Batch = TypeVar("Batch")  # a host step batch: samples[indices] (packed blocks, padded rows)
+Inputs = TypeVar("Inputs", bound=Movable)  # what the model is called with
+M = TypeVar("M", bound=Movable)
+
+
+class Task(abc.ABC, Generic[Batch, Inputs]):
+    """One task, over its own batch and input types (the loop is generic over both)."""
+
     name: ClassVar[str]  # task.name=NAME
     unit: ClassVar[str]  # what the loss is averaged over: "target token" | "sample"
     metrics: ClassVar[tuple[Metric, ...]]  # the first is the loss
+    head: ClassVar[Head]  # what it trains: a model family must build (or load) this head
+    reads: ClassVar[SampleKind]  # what it learns from: a data source must give these samples
     sequence_setting: ClassVar[str]  # the data setting that bounds a sample's length
-    model_noun: ClassVar[str]  # what its models are called in messages: "a causal LM"
     byte_vocab: ClassVar[int]  # ids the byte tokenizer makes for it (special tokens added)
     builtin_corpus: ClassVar[str]  # what data.source=builtin gives it
     builtin_columns: ClassVar[tuple[str, ...] | None] = None  # that corpus's columns, if rows
@@ -96,36 +115,38 @@ class Task(abc.ABC):
     # -- data and model -------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def load_data(self, data: DataConfig) -> TaskData: ...
+    def load_data(self, data: DataConfig) -> TaskData[Batch]: ...
 
     @abc.abstractmethod
-    def model_data(self, data: DataConfig, tokenizer: Any | None = None) -> TaskData:
+    def model_data(
+        self, data: DataConfig, tokenizer: PreTrainedTokenizerBase | None = None
+    ) -> TaskData[Batch]:
         """What building the model needs (vocabulary, labels, padding id), without tokenizing
         the samples where the task can: `python -m app.export` rebuilds a checkpoint's model
         from it. `tokenizer`: the run's own, saved in its run dir; given, it is used (and needs
         no data where the task needs the data only for its tokenizer)."""
 
     @abc.abstractmethod
-    def export_tokenizer(self, data: DataConfig) -> Any | None:
+    def export_tokenizer(self, data: DataConfig) -> PreTrainedTokenizerBase | None:
         """This data's transformers tokenizer, saved beside the model by the export."""
 
-    def build_model(self, model: ModelConfig, data: TaskData) -> torch.nn.Module:
+    def build_model(self, model: ModelConfig, data: TaskData[Batch]) -> torch.nn.Module:
         from app.components.models.families import MODELS
 
         return MODELS.get(model.arch).build(model, data, self)
 
     @abc.abstractmethod
-    def load_pretrained(self, model: ModelConfig, data: TaskData) -> torch.nn.Module:
+    def load_pretrained(self, model: ModelConfig, data: TaskData[Batch]) -> torch.nn.Module:
         """A checkpoint (model.path) with this task's head."""
 
-    def summary_fields(self) -> dict[str, Any]:
+    def summary_fields(self) -> dict[str, Json]:
         """What summary.json records about the task once its data is loaded (label names...)."""
         return {}
 
     # -- steps ----------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def inputs_and_targets(self, batch: Any) -> tuple[Any, torch.Tensor]:
+    def inputs_and_targets(self, batch: Batch) -> tuple[Inputs, torch.Tensor]:
         """A host step batch -> (inputs, targets); len(inputs) is the number of samples."""
 
     @abc.abstractmethod
@@ -133,21 +154,25 @@ class Task(abc.ABC):
         """How many units the loss of these targets is summed over (host: no device sync)."""
 
     @abc.abstractmethod
-    def tokens(self, inputs: Any) -> int:
+    def tokens(self, inputs: Inputs) -> int:
         """Input tokens that carry data (not padding): what tokens/s counts."""
 
     @abc.abstractmethod
     def micro_batches(
-        self, inputs: Any, targets: torch.Tensor, sizes: Sequence[int]
-    ) -> Iterator[tuple[Any, torch.Tensor]]:
+        self, inputs: Inputs, targets: torch.Tensor, sizes: Sequence[int]
+    ) -> Iterator[tuple[Inputs, torch.Tensor]]:
         """Split a step into micro-batches of `sizes` samples (their sum is len(inputs))."""
 
     @abc.abstractmethod
-    def loss_sum(self, model: torch.nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def loss_sum(
+        self, model: torch.nn.Module, inputs: Inputs, targets: torch.Tensor
+    ) -> torch.Tensor:
         """The loss summed over the micro-batch's units (the caller divides by the step's)."""
 
     @abc.abstractmethod
-    def eval_sums(self, model: torch.nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def eval_sums(
+        self, model: torch.nn.Module, inputs: Inputs, targets: torch.Tensor
+    ) -> torch.Tensor:
         """float64 sums of one evaluation micro-batch; added over batches and ranks."""
 
     @abc.abstractmethod
@@ -155,10 +180,10 @@ class Task(abc.ABC):
         """Metrics from the summed eval_sums: at least every name in `metrics`."""
 
     @abc.abstractmethod
-    def worst_case(self, samples: Any, n: int) -> Any:
+    def worst_case(self, samples: Batch, n: int) -> Batch:
         """n samples as large as any the run will see: what the micro-batch probe trains on."""
 
 
-def move(inputs: Any, device: torch.device) -> Any:
+def move(inputs: M, device: torch.device) -> M:
     """Inputs to the device: a tensor or a task's batch type, both with `.to()`."""
     return inputs.to(device, non_blocking=True)

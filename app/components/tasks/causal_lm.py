@@ -11,14 +11,18 @@ import dataclasses
 import json
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from app.components.data.kinds import TEXT
+from app.components.models.families import MODELS
+from app.components.models.heads import CAUSAL_LM
 from app.components.tasks import TASKS
 from app.components.tasks.base import Metric, Task, TaskData
 from app.core.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
     from app.components.data.config import DataConfig
     from app.components.models.config import ModelConfig
@@ -28,13 +32,14 @@ IGNORE = -100
 
 
 @TASKS.add
-class CausalLM(Task):
+class CausalLM(Task["torch.Tensor", "torch.Tensor"]):
     name = "causal_lm"
     unit = "target token"
     packed = True
     metrics = (Metric("loss", "minimize"),)
+    head = CAUSAL_LM
+    reads = TEXT
     sequence_setting = "seq_len"
-    model_noun = "a causal LM"
     byte_vocab = 256
     builtin_corpus = "corpus"
 
@@ -42,7 +47,7 @@ class CausalLM(Task):
         super().__init__(cfg)  # nothing causal LM needs beyond the data and model
         # (data config, its tokenizer): a run asks at its start (saved in the run dir) and at
         # its end (the export); loading or training it again would be the same work.
-        self._tokenizer: tuple[str, Any] | None = None
+        self._tokenizer: tuple[str, PreTrainedTokenizerBase | None] | None = None
 
     # -- facts ----------------------------------------------------------------------------------
 
@@ -50,7 +55,8 @@ class CausalLM(Task):
         return [("data.text_column", data.text_column)]
 
     def check_vocab(self, model: ModelConfig, data: DataConfig) -> None:
-        if data.tokenizer == "byte" and model.arch != "pretrained":
+        # A checkpoint's vocabulary is its own (checked against its files before any work).
+        if data.tokenizer == "byte" and not MODELS.get(model.arch).loads_checkpoint:
             vocab = model.vocab_size
             if vocab is not None and vocab < self.byte_vocab:
                 raise ConfigError(
@@ -63,12 +69,12 @@ class CausalLM(Task):
 
     # -- data and model -------------------------------------------------------------------------
 
-    def load_data(self, data: DataConfig) -> TaskData:
+    def load_data(self, data: DataConfig) -> TaskData[torch.Tensor]:
         from app.components.data.memo import data_key, remembered
 
         return remembered(data_key(self.name, data), lambda: self._load(data))
 
-    def _load(self, data: DataConfig) -> TaskData:
+    def _load(self, data: DataConfig) -> TaskData[torch.Tensor]:
         from app.components.data.tokens import load_token_data
 
         tokens = load_token_data(data)
@@ -80,7 +86,9 @@ class CausalLM(Task):
             pad_id=tokens.pad_id,
         )
 
-    def model_data(self, data: DataConfig, tokenizer: Any | None = None) -> TaskData:
+    def model_data(
+        self, data: DataConfig, tokenizer: PreTrainedTokenizerBase | None = None
+    ) -> TaskData[torch.Tensor]:
         import torch
 
         tok = self.export_tokenizer(data) if tokenizer is None else tokenizer
@@ -89,7 +97,7 @@ class CausalLM(Task):
         empty = torch.empty(0, data.seq_len + 1, dtype=torch.int64)
         return TaskData(empty, empty, vocab, str(data.tokenizer), info={"tokenizer": tok})
 
-    def export_tokenizer(self, data: DataConfig) -> Any | None:
+    def export_tokenizer(self, data: DataConfig) -> PreTrainedTokenizerBase | None:
         from app.components.data.tokens import transformers_tokenizer
 
         key = json.dumps(dataclasses.asdict(data), sort_keys=True, default=str)
@@ -97,7 +105,7 @@ class CausalLM(Task):
             self._tokenizer = (key, transformers_tokenizer(data))
         return self._tokenizer[1]
 
-    def load_pretrained(self, model: ModelConfig, data: TaskData) -> torch.nn.Module:
+    def load_pretrained(self, model: ModelConfig, data: TaskData[torch.Tensor]) -> torch.nn.Module:
         from app.components.models.causal_lm import load_pretrained_lm
 
         return load_pretrained_lm(model, data.vocab_size)

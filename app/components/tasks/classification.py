@@ -11,15 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.components.data.columns import wanted_columns
+from app.components.data.kinds import LABELLED_TEXT
 from app.components.data.nli_corpus import COLUMNS as NLI_COLUMNS
+from app.components.models.heads import SEQUENCE_CLASSIFIER
 from app.components.tasks import TASKS
 from app.components.tasks.base import Metric, Task, TaskData
+from app.core.json_types import Json
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
     from app.components.data.config import DataConfig
     from app.components.data.padded import PaddedRows, PairInputs
@@ -28,12 +32,13 @@ if TYPE_CHECKING:
 
 
 @TASKS.add
-class SequenceClassification(Task):
+class SequenceClassification(Task["PaddedRows", "PairInputs"]):
     name = "classification"
     unit = "sample"
     metrics = (Metric("loss", "minimize"), Metric("accuracy", "maximize"), Metric("f1", "maximize"))
+    head = SEQUENCE_CLASSIFIER
+    reads = LABELLED_TEXT
     sequence_setting = "max_length"
-    model_noun = "a classifier"
     byte_vocab = 259  # 256 bytes + [PAD], [CLS] and [SEP] (app/components/data/labelled.py)
     builtin_corpus = "NLI corpus"
     builtin_columns = NLI_COLUMNS  # app/components/data/nli_corpus.py
@@ -43,7 +48,7 @@ class SequenceClassification(Task):
         self.label_smoothing = float(cfg.label_smoothing) if cfg is not None else 0.0
         self.given_labels = list(cfg.labels) if cfg is not None and cfg.labels else None
         self.label_names: list[str] = []  # known once the data is loaded
-        self.tokenizer: Any = None  # likewise
+        self.tokenizer: PreTrainedTokenizerBase | None = None  # likewise
 
     # -- facts ----------------------------------------------------------------------------------
 
@@ -58,7 +63,7 @@ class SequenceClassification(Task):
 
     # -- data and model ---------------------------------------------------------------------
 
-    def load_data(self, data_cfg: DataConfig) -> TaskData:
+    def load_data(self, data_cfg: DataConfig) -> TaskData[PaddedRows]:
         from app.components.data.memo import data_key, remembered
 
         key = data_key(self.name, data_cfg, self.given_labels)
@@ -66,7 +71,7 @@ class SequenceClassification(Task):
         self.label_names, self.tokenizer = list(data.info["labels"]), data.info["tokenizer"]
         return data
 
-    def _load(self, data_cfg: DataConfig) -> TaskData:
+    def _load(self, data_cfg: DataConfig) -> TaskData[PaddedRows]:
         from app.components.data.labelled import load_labelled
 
         data = load_labelled(data_cfg, self.given_labels)
@@ -80,7 +85,9 @@ class SequenceClassification(Task):
             info={"labels": data.label_names, "tokenizer": data.tokenizer},
         )
 
-    def model_data(self, data_cfg: DataConfig, tokenizer: Any | None = None) -> TaskData:
+    def model_data(
+        self, data_cfg: DataConfig, tokenizer: PreTrainedTokenizerBase | None = None
+    ) -> TaskData[PaddedRows]:
         data = self.load_data(data_cfg)  # the labels come from the data (cached by content)
         if tokenizer is None:
             return data
@@ -92,12 +99,12 @@ class SequenceClassification(Task):
             info={**data.info, "tokenizer": tokenizer},
         )
 
-    def export_tokenizer(self, data_cfg: DataConfig) -> Any:
+    def export_tokenizer(self, data_cfg: DataConfig) -> PreTrainedTokenizerBase | None:
         if self.tokenizer is None:
             self.load_data(data_cfg)
         return self.tokenizer
 
-    def load_pretrained(self, model: ModelConfig, data: TaskData) -> torch.nn.Module:
+    def load_pretrained(self, model: ModelConfig, data: TaskData[PaddedRows]) -> torch.nn.Module:
         from app.components.models.classifiers import load_pretrained_classifier
 
         return load_pretrained_classifier(model, data)
@@ -174,8 +181,9 @@ class SequenceClassification(Task):
         f1s = [2 * t / (p + a) if p + a else 0.0 for t, p, a in zip(tp, pred, true, strict=True)]
         return {"loss": loss / n, "accuracy": correct / n, "f1": sum(f1s) / max(len(f1s), 1)}
 
-    def summary_fields(self) -> dict[str, Any]:
-        return {"labels": self.label_names, "label_smoothing": self.label_smoothing}
+    def summary_fields(self) -> dict[str, Json]:
+        labels: list[Json] = list(self.label_names)
+        return {"labels": labels, "label_smoothing": self.label_smoothing}
 
     def worst_case(self, rows: PaddedRows, n: int) -> PaddedRows:
         import torch

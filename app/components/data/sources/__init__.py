@@ -1,17 +1,19 @@
 """Where samples come from (`data.source`), one module each: the built-in corpus, text files,
 synthetic tokens, rows through `datasets`.
 
-A source says which tasks it serves, what its settings must hold (checked with the config) and
-what its files must hold (checked before any work, without reading them whole). What a task does
-with the samples stays with the task.
+A source says what samples it gives (app/components/data/kinds.py: a task that reads those is
+served), what its settings must hold (checked with the config) and what its files must hold
+(checked before any work, without reading them whole). What a task does with the samples stays
+with the task.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from app.components.data.kinds import SampleKind
 from app.core.registry import Registry
 
 if TYPE_CHECKING:
@@ -33,14 +35,14 @@ class Task(Protocol):
     def row_columns(self, data: DataConfig) -> list[tuple[str, str]]: ...
 
 
-def _nothing(*args: Any) -> None:
+def _nothing(data: DataConfig, task: Task) -> None:
     return None
 
 
 @dataclass(frozen=True)
 class DataSource:
     name: str  # data.source=NAME
-    tasks: tuple[str, ...]  # the tasks it serves
+    gives: tuple[SampleKind, ...]  # the kinds of samples it gives: it serves tasks reading one
     check: Callable[[DataConfig, Task], None] = _nothing  # its settings, for this task
     check_files: Callable[[DataConfig, Task], None] = _nothing  # its files, before any work
     reads_files: bool = False  # rows from files that can change between two runs

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.components.data.kinds import LABELLED_TEXT, TEXT
 from app.components.data.sources import SOURCES, DataSource
 from app.core.errors import ConfigError
 
@@ -29,4 +30,5 @@ def check(d: DataConfig, task: Task) -> None:
             )
 
 
-SOURCES.add(DataSource("builtin", tasks=("causal_lm", "classification"), check=check))
+# Each task that has a built-in corpus (Task.builtin_corpus) reads it.
+SOURCES.add(DataSource("builtin", gives=(TEXT, LABELLED_TEXT), check=check))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.components.data.kinds import LABELLED_TEXT, TEXT
 from app.components.data.sources import SOURCES, DataSource
 from app.core.errors import ConfigError
 
@@ -53,7 +54,7 @@ def check_files(d: DataConfig, task: Task) -> None:
 SOURCES.add(
     DataSource(
         "datasets",
-        tasks=("causal_lm", "classification"),
+        gives=(TEXT, LABELLED_TEXT),  # the columns a task names (Task.row_columns)
         check=check,
         check_files=check_files,
         reads_files=True,

@@ -3,6 +3,8 @@ learn: for throughput measurements."""
 
 from __future__ import annotations
 
+from app.components.data.kinds import TEXT
 from app.components.data.sources import SOURCES, DataSource
 
-SOURCES.add(DataSource("synthetic", tasks=("causal_lm",)))
+# Random token ids stand in for tokenized text.
+SOURCES.add(DataSource("synthetic", gives=(TEXT,)))

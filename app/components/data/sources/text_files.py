@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.components.data.kinds import TEXT
 from app.components.data.sources import SOURCES, DataSource
 from app.core.errors import ConfigError
 
@@ -48,7 +49,5 @@ def check_text_file(path: str | Path) -> None:
 
 
 SOURCES.add(
-    DataSource(
-        "text_files", tasks=("causal_lm",), check=check, check_files=check_files, reads_files=True
-    )
+    DataSource("text_files", gives=(TEXT,), check=check, check_files=check_files, reads_files=True)
 )

@@ -1,26 +1,32 @@
 """Model families (`model.arch`), one module each: GPT-2 and Llama causal LMs, DeBERTa-v2,
 BERT and RoBERTa classifiers built from `model.*` sizes, and `pretrained` checkpoints.
 
-A family says which tasks it has a head for, how many parameters a config of it has (for the
-memory preflight, before anything is built) and how to build it. Building imports transformers,
-so it waits until a run needs the model.
+A family says what it provides: the heads it builds (app/components/models/heads.py), or that it
+loads a checkpoint with whatever head the task asks for; which `model.*` settings shape it (its
+`shape`, a dataclass of ModelConfig fields: a checkpoint resumes only into the same); how many
+parameters a config of it has (for the memory preflight, before anything is built) and how to
+build it. Building imports transformers, so it waits until a run needs the model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from app.components.models.config import ModelConfig
+from app.components.models.heads import Head
 from app.core.errors import ConfigError
 from app.core.registry import Registry
 
 if TYPE_CHECKING:
     import torch
+    from _typeshed import DataclassInstance
+    from transformers import PreTrainedModel
 
     from app.components.data.config import DataConfig
     from app.components.data.task_data import TaskData
-    from app.components.models.config import ModelConfig
 
 
 class Task(Protocol):
@@ -40,7 +46,26 @@ class Task(Protocol):
     def load_pretrained(self, model: ModelConfig, data: TaskData) -> torch.nn.Module: ...
 
 
-Build = Callable[["ModelConfig", "TaskData", Task], "torch.nn.Module"]
+Build = Callable[[ModelConfig, "TaskData", Task], "torch.nn.Module"]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The model.* settings that shape a model built from sizes (GPT-2, the classifiers)."""
+
+    vocab_size: int | None
+    n_layer: int
+    n_head: int
+    n_embd: int
+    intermediate_size: int | None
+    max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What shapes a loaded checkpoint: which one it is (its head comes from the task)."""
+
+    path: str | None
 
 
 def _unknown(m: ModelConfig, vocab: int) -> int | None:
@@ -54,18 +79,38 @@ def _no_files(m: ModelConfig, data: DataConfig, task: Task) -> None:
 @dataclass(frozen=True)
 class ModelFamily:
     name: str  # model.arch=NAME
-    tasks: tuple[str, ...]  # the tasks it has a head for
     build: Build  # (its config, the task's data, the task) -> the model, untrained or loaded
+    shape: type[DataclassInstance]  # its fields: the model.* settings that shape it
+    heads: tuple[Head, ...] = ()  # the heads it builds from model.* sizes
+    # A checkpoint (model.path) with whatever head the task asks for (Task.load_pretrained),
+    # rather than a model sized by model.*
+    loads_checkpoint: bool = False
     # Parameters of a config of it, tied embeddings once (None: known only once loaded)
     parameters: Callable[[ModelConfig, int], int | None] = _unknown
-    from_config: bool = True  # sized by model.*; False: a checkpoint (model.path)
     # What its files must hold, checked before any work (a checkpoint's positions, vocabulary)
     check_files: Callable[[ModelConfig, DataConfig, Task], None] = _no_files
+
+    def __post_init__(self) -> None:
+        known = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
+        for f in dataclasses.fields(self.shape):
+            if known.get(f.name) != f.type:
+                raise TypeError(
+                    f"model family {self.name}: its shape field {f.name}: {f.type} is not a "
+                    "field of ModelConfig of that type"
+                )
+
+    def builds(self, head: Head) -> bool:
+        """Whether a model of it can have this head (a task's `head`)."""
+        return self.loads_checkpoint or head in self.heads
+
+    def shape_keys(self) -> tuple[str, ...]:
+        """The settings a checkpoint of it must share with the run that resumes it."""
+        return ("model.arch", *(f"model.{f.name}" for f in dataclasses.fields(self.shape)))
 
     def check(self, m: ModelConfig, sequence_key: str, sequence: int) -> None:
         """What the config alone can show: heads that divide the width, positions that cover
         the sequence (`data.<sequence_key>`), a path where a checkpoint is loaded."""
-        if not self.from_config:
+        if self.loads_checkpoint:
             if not m.path:
                 raise ConfigError(f"model.path is required when model.arch={self.name}")
             return
@@ -102,7 +147,7 @@ def model_vocab(m: ModelConfig, tokenizer_vocab: int) -> int:
     return m.vocab_size
 
 
-def causal_lm(model: Any, m: ModelConfig) -> Any:
+def causal_lm(model: PreTrainedModel, m: ModelConfig) -> PreTrainedModel:
     """What every causal LM gets: activation checkpointing if asked, no KV cache."""
     if m.gradient_checkpointing:
         enable_activation_checkpointing(model)
@@ -110,7 +155,7 @@ def causal_lm(model: Any, m: ModelConfig) -> Any:
     return model
 
 
-def enable_activation_checkpointing(model: Any) -> None:
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
     kwargs = {"use_reentrant": False}  # the reentrant variant is deprecated in torch
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 renamed it
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)

@@ -5,15 +5,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from app.components.models.classifiers import build_classifier, encoder_sizes
-from app.components.models.families import MODELS, ModelFamily
+from app.components.models.families import MODELS, ModelFamily, Sizes
+from app.components.models.heads import SEQUENCE_CLASSIFIER
 
 if TYPE_CHECKING:
+    import torch
+
     from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
     from app.components.models.families import Task
 
 
-def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
+def build(m: ModelConfig, data: TaskData, task: Task) -> torch.nn.Module:
     from transformers import DebertaV2Config
 
     # DeBERTa-v3's attention: relative positions in both directions over log buckets, no
@@ -38,4 +41,4 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
     return build_classifier("DebertaV2ForSequenceClassification", config, m)
 
 
-MODELS.add(ModelFamily("deberta_v2", tasks=("classification",), build=build))
+MODELS.add(ModelFamily("deberta_v2", build=build, shape=Sizes, heads=(SEQUENCE_CLASSIFIER,)))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from app.components.models.families import MODELS, ModelFamily, causal_lm, model_vocab
+from app.components.models.families import MODELS, ModelFamily, Sizes, causal_lm, model_vocab
+from app.components.models.heads import CAUSAL_LM
 
 if TYPE_CHECKING:
+    import torch
+
     from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
     from app.components.models.families import Task
@@ -19,7 +22,7 @@ def parameters(m: ModelConfig, vocab: int) -> int:
     return vocab * d + m.max_position_embeddings * d + m.n_layer * per_layer + 2 * d
 
 
-def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
+def build(m: ModelConfig, data: TaskData, task: Task) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM, GPT2Config
 
     config = GPT2Config(
@@ -39,4 +42,4 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
     return causal_lm(model, m)
 
 
-MODELS.add(ModelFamily("gpt2", tasks=("causal_lm",), build=build, parameters=parameters))
+MODELS.add(ModelFamily("gpt2", build=build, shape=Sizes, heads=(CAUSAL_LM,), parameters=parameters))

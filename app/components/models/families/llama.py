@@ -3,14 +3,31 @@ SwiGLU, rotary positions, grouped-query attention (`model.n_kv_head`), tied embe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from app.components.models.families import MODELS, ModelFamily, causal_lm, model_vocab
+from app.components.models.heads import CAUSAL_LM
 
 if TYPE_CHECKING:
+    import torch
+
     from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
     from app.components.models.families import Task
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """GPT-2's sizes and the key/value heads of grouped-query attention."""
+
+    vocab_size: int | None
+    n_layer: int
+    n_head: int
+    n_kv_head: int | None
+    n_embd: int
+    intermediate_size: int | None
+    max_position_embeddings: int
 
 
 def ffn_width(hidden: int) -> int:
@@ -27,7 +44,7 @@ def parameters(m: ModelConfig, vocab: int) -> int:
     return vocab * d + m.n_layer * per_layer + d
 
 
-def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
+def build(m: ModelConfig, data: TaskData, task: Task) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(
@@ -48,4 +65,6 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
     return causal_lm(model, m)
 
 
-MODELS.add(ModelFamily("llama", tasks=("causal_lm",), build=build, parameters=parameters))
+MODELS.add(
+    ModelFamily("llama", build=build, shape=LlamaShape, heads=(CAUSAL_LM,), parameters=parameters)
+)

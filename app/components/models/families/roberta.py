@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.components.models.classifiers import build_classifier, encoder_sizes
-from app.components.models.families import MODELS, ModelFamily
+from app.components.models.families import MODELS, ModelFamily, Sizes
+from app.components.models.heads import SEQUENCE_CLASSIFIER
 
 if TYPE_CHECKING:
+    import torch
+
     from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
     from app.components.models.families import Task
 
 
-def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
+def build(m: ModelConfig, data: TaskData, task: Task) -> torch.nn.Module:
     from transformers import RobertaConfig
 
     sizes = encoder_sizes(m, data)
@@ -25,4 +28,4 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> Any:
     )
 
 
-MODELS.add(ModelFamily("roberta", tasks=("classification",), build=build))
+MODELS.add(ModelFamily("roberta", build=build, shape=Sizes, heads=(SEQUENCE_CLASSIFIER,)))
