@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from app.bench import __doc__ as package_doc
 from app.bench.batch_budget import batch_budget_table, run_batch_budget_bench
@@ -29,47 +29,49 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(Path(args.worker))
-    report: dict[str, Any]
-    if args.startup:
-        startup = measure_startup(args.startup_runs)
-        report = {"machine": machine_info(), "startup": startup}
-        print(startup_table(startup))
-    elif args.adamw:
-        adamw = adamw_step_times(args.rounds)
-        report = {"machine": machine_info(), "adamw": adamw}
-        print(adamw_table(adamw))
-    elif args.parallel:
-        report = {"machine": machine_info(), **run_parallel_bench(args.overrides, args.rounds)}
-        print(parallel_table(report))
-    elif args.fleet:
-        report = {"machine": machine_info(), **run_fleet_bench(args.overrides, args.rounds)}
-        print(fleet_table(report))
-    elif args.hpo:
-        report = {"machine": machine_info(), **run_hpo_bench(args.overrides)}
-        print(hpo_table(report))
-    elif args.batch_budget:
-        seeds = [int(s) for s in args.seeds.split(",")]
-        report = {"machine": machine_info(), **run_batch_budget_bench(args.overrides, seeds)}
-        print(batch_budget_table(report))
-    elif args.hpo_peers:
-        peers = args.peers.split(",") if args.peers else list(HPO_PEERS)
-        samplers = args.samplers.split(",")
-        report = {"machine": machine_info(), **run_peers_bench(args.overrides, peers, samplers)}
-        print(peers_tables(report))
-    elif args.report:
-        report = {"machine": machine_info(), **run_report_bench(args.rounds)}
-        print(report_bench_table(report))
-    elif args.ablate:
-        report = run_ablations(args)
-        print(ablation_table(report))
-    else:
-        report = run_benchmark(args)
-        print(benchmark_table(report))
+    report, table = run(args)
+    print(table)
     path = Path(args.json or default_json_path(args))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"\nJSON: {path}")
     return 0
+
+
+def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
+    """The chosen bench's JSON report and its markdown table."""
+    if args.startup:
+        startup = measure_startup(args.startup_runs)
+        return {"machine": machine_info(), "startup": startup}, startup_table(startup)
+    if args.adamw:
+        adamw = adamw_step_times(args.rounds)
+        return {"machine": machine_info(), "adamw": adamw}, adamw_table(adamw)
+    if args.parallel:
+        parallel = run_parallel_bench(args.overrides, args.rounds)
+        return {"machine": machine_info(), **parallel}, parallel_table(parallel)
+    if args.fleet:
+        fleet = run_fleet_bench(args.overrides, args.rounds)
+        return {"machine": machine_info(), **fleet}, fleet_table(fleet)
+    if args.hpo:
+        hpo = run_hpo_bench(args.overrides)
+        return {"machine": machine_info(), **hpo}, hpo_table(hpo)
+    if args.batch_budget:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        budget = run_batch_budget_bench(args.overrides, seeds)
+        return {"machine": machine_info(), **budget}, batch_budget_table(budget)
+    if args.hpo_peers:
+        peers = args.peers.split(",") if args.peers else list(HPO_PEERS)
+        samplers = args.samplers.split(",")
+        studies = run_peers_bench(args.overrides, peers, samplers)
+        return {"machine": machine_info(), **studies}, peers_tables(studies)
+    if args.report:
+        timed = run_report_bench(args.rounds)
+        return {"machine": machine_info(), **timed}, report_bench_table(timed)
+    if args.ablate:
+        ablation = run_ablations(args)
+        return ablation, ablation_table(ablation)
+    bench = run_benchmark(args)
+    return bench, benchmark_table(bench)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -19,14 +19,13 @@ best, and what the study cost (device-seconds of its trials, optimizer steps).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
-from app.bench.hpo import fatal_env, run_study
+from app.bench.hpo import Goals, Params, TrialRow, fatal_env, run_study
+from app.engine.summary import Summary
 
 BUDGET = 3840  # samples: 120 steps at batch 32
 BATCHES = "choice(8, 16, 32, 64)"
@@ -63,16 +62,56 @@ ARMS = {
 WITHIN = 0.01  # the goal: within 1 % of the grid's best
 
 
-def run_batch_budget_bench(extra: list[str], seeds: list[int]) -> dict[str, Any]:
+class Grid(TypedDict):
+    """The grid's best (the truth at the budget) and the critical batch size two ways."""
+
+    best_params: Params
+    best_value: float
+    device_seconds: float
+    rows: list[dict[str, object]] | None
+    critical_batch_curve: float | None
+    curve_note: str | None
+    critical_batch_noise: float | None
+    target_loss: float | None
+
+
+class Pick(TypedDict):
+    """A study's pick, retrained on the grid's budget, and what the study cost."""
+
+    pick: Params
+    pick_value_in_study: float | None
+    pick_at_budget: float
+    vs_grid: float  # the pick's loss over the grid's best, less 1
+    device_seconds: float
+    optimizer_steps: int
+    states: dict[str, int]
+    wall_s: float
+
+
+class SeedRun(TypedDict):
+    grid: Grid
+    studies: dict[str, Pick]
+
+
+class BudgetReport(TypedDict):
+    budget_samples: int
+    seeds: dict[str, SeedRun]
+    goals: Goals
+
+
+def run_batch_budget_bench(extra: list[str], seeds: list[int]) -> BudgetReport:
     runs = {str(seed): run_seed(extra, seed) for seed in seeds}
     return {"budget_samples": BUDGET, "seeds": runs, "goals": goals(runs)}
 
 
-def run_seed(extra: list[str], seed: int) -> dict[str, Any]:
+def run_seed(extra: list[str], seed: int) -> SeedRun:
     seeded = [f"training.seed={seed}", f"hpo.seed={seed}"]
-    grid = run_study([*GRID, *extra, *seeded], keep=("batch_size_study",))
+    grid = run_study([*GRID, *extra, *seeded], batch_size_study=True)
     truth = min(grid["trials"], key=_value)
-    studies = {}
+    best = truth["value"]
+    if best is None:
+        raise SystemExit(f"seed {seed}: no trial of the grid completed")
+    studies: dict[str, Pick] = {}
     for name, arm in ARMS.items():
         study = run_study([*STUDY, *extra, *seeded, *arm])
         pick = min((t for t in study["trials"] if t["state"] == "COMPLETE"), key=_value)
@@ -82,17 +121,17 @@ def run_seed(extra: list[str], seed: int) -> dict[str, Any]:
             "pick": pick["params"],
             "pick_value_in_study": pick["value"],
             "pick_at_budget": retrained,
-            "vs_grid": retrained / truth["value"] - 1.0,
+            "vs_grid": retrained / best - 1.0,
             "device_seconds": sum(t["device_seconds"] or 0.0 for t in study["trials"]),
             "optimizer_steps": study["optimizer_steps"],
             "states": study["states"],
             "wall_s": study["wall_s"],
         }
-    analysis = grid["batch_size_study"] or {}
+    analysis = grid.get("batch_size_study") or {}
     return {
         "grid": {
             "best_params": truth["params"],
-            "best_value": truth["value"],
+            "best_value": best,
             "device_seconds": sum(t["device_seconds"] or 0.0 for t in grid["trials"]),
             "rows": analysis.get("rows"),
             "critical_batch_curve": analysis.get("critical_batch_curve"),
@@ -104,7 +143,7 @@ def run_seed(extra: list[str], seed: int) -> dict[str, Any]:
     }
 
 
-def retrain(pick: dict[str, Any], overrides: list[str]) -> float:
+def retrain(pick: TrialRow, overrides: list[str]) -> float:
     """The pick's final validation loss when trained on the grid's budget, as the grid's runs
     are (`overrides` keep the arm's LR rule: a sqrt pick's LR is an LR at the reference
     batch)."""
@@ -118,18 +157,20 @@ def retrain(pick: dict[str, Any], overrides: list[str]) -> float:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=fatal_env())
         if proc.returncode != 0:
             raise SystemExit(f"retrain failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-        summary = json.loads(Path(tmp, "run", "summary.json").read_text())
-    return float(summary["final_val_loss"])
+        loss = Summary.read(f"{tmp}/run").final_val.get("loss")
+    if loss is None:
+        raise SystemExit(f"retrain ended without a validation loss: {' '.join(cmd)}")
+    return loss
 
 
-def _value(t: dict[str, Any]) -> float:
+def _value(t: TrialRow) -> float:
     return float("inf") if t["value"] is None or t["state"] != "COMPLETE" else t["value"]
 
 
-def goals(runs: dict[str, Any]) -> dict[str, Any]:
+def goals(runs: dict[str, SeedRun]) -> Goals:
     """(b) or (c) within 1 % of the grid's best on every seed; the noise scale within a factor
     of 2 of the curve's critical batch size."""
-    out: dict[str, Any] = {}
+    out: Goals = {}
     for name in ("samples", "samples+sqrt"):
         gaps = {seed: r["studies"][name]["vs_grid"] for seed, r in runs.items()}
         out[f"{name}_within_1pct"] = {"gaps": gaps, "met": all(g <= WITHIN for g in gaps.values())}
@@ -142,7 +183,7 @@ def goals(runs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def batch_budget_table(report: dict[str, Any]) -> str:
+def batch_budget_table(report: BudgetReport) -> str:
     lines = [
         f"budget: {report['budget_samples']:,} samples; a pick is retrained on it",
         "",
@@ -177,7 +218,7 @@ def batch_budget_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _params(p: dict[str, Any]) -> str:
+def _params(p: Params) -> str:
     batch = p.get("training.effective_batch_size")
     lr = p.get("training.lr")
     return f"{batch}, {lr:.3g}" if isinstance(lr, float) else f"{batch}, {lr}"

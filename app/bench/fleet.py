@@ -22,7 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 STUDY = [
     "+sweeps=tiny_cpu",
@@ -42,8 +45,37 @@ STUDY = [
 ]
 
 
-def run_fleet_bench(extra: list[str], rounds: int = 1, workers: tuple[int, ...] = (1, 2)) -> dict:
-    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in workers}
+class StudyRun(TypedDict):
+    """One study by `workers` workers."""
+
+    workers: int
+    trials: int  # completed
+    wall_s: float  # the whole command
+    span_s: float  # first trial's start to last trial's end
+    median_trial_s: float
+    trials_by_worker: dict[str, int]
+
+
+class ArmMedians(StudyRun):
+    """An arm's medians over its rounds, and its trials per hour against the first arm's."""
+
+    trials_per_hour_wall: float
+    trials_per_hour_span: float
+    ratio_wall: NotRequired[float]  # with_ratios
+    ratio_span: NotRequired[float]
+
+
+class FleetReport(TypedDict):
+    study: list[str]
+    rounds: int
+    arms: dict[int, ArmMedians]
+    runs: dict[int, list[StudyRun]]
+
+
+def run_fleet_bench(
+    extra: list[str], rounds: int = 1, workers: tuple[int, ...] = (1, 2)
+) -> FleetReport:
+    runs: dict[int, list[StudyRun]] = {n: [] for n in workers}
     for _ in range(rounds):
         for n in workers:
             runs[n].append(run_arm(n, extra))
@@ -51,7 +83,7 @@ def run_fleet_bench(extra: list[str], rounds: int = 1, workers: tuple[int, ...] 
     return {"study": STUDY + extra, "rounds": rounds, "arms": arms, "runs": runs}
 
 
-def with_ratios(arms: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+def with_ratios(arms: dict[int, ArmMedians]) -> dict[int, ArmMedians]:
     """Each arm's trials per hour over the first arm's (1 worker), measured in the same run."""
     base = next(iter(arms.values()))
     for arm in arms.values():
@@ -60,7 +92,7 @@ def with_ratios(arms: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return arms
 
 
-def run_arm(workers: int, extra: list[str]) -> dict[str, Any]:
+def run_arm(workers: int, extra: list[str]) -> StudyRun:
     """One study with `workers` workers, in a fresh storage and data cache."""
     import optuna
     from optuna.storages.journal import JournalFileBackend
@@ -96,7 +128,7 @@ def run_arm(workers: int, extra: list[str]) -> dict[str, Any]:
     }
 
 
-def _by_worker(trials: list[Any]) -> dict[str, int]:
+def _by_worker(trials: list[FrozenTrial]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for t in trials:
         key = str(t.user_attrs.get("worker", "lone"))  # a lone worker records none
@@ -104,7 +136,7 @@ def _by_worker(trials: list[Any]) -> dict[str, int]:
     return counts
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(runs: list[StudyRun]) -> ArmMedians:
     wall = statistics.median(r["wall_s"] for r in runs)
     span = statistics.median(r["span_s"] for r in runs)
     trials = runs[0]["trials"]
@@ -120,7 +152,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def fleet_table(report: dict[str, Any]) -> str:
+def fleet_table(report: FleetReport) -> str:
     lines = [
         "| workers | trials | wall s | trials/h (wall) | ratio | trials/h (trial span) | ratio "
         "| median trial s | trials per worker |",

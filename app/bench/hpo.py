@@ -14,14 +14,88 @@ micro-batch: the steady state is the trials whose micro-batch came from the cach
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
+
+from app.engine.summary import Summary
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+Param = float | int | str | bool | None  # a trial parameter's value (Optuna's choice types)
+Params = dict[str, Param]  # by the sweeper's names (training.lr, ...)
+Goals = dict[str, dict[str, object]]  # a goal's name -> its figures and `met`
+
+
+class TrialRow(TypedDict):
+    """A study's trial: from the sweeper's journal and the trial's summary.json, or from a
+    Trainer study (app/bench/hpo_peers.py), which has only the first six."""
+
+    number: int
+    state: str  # COMPLETE | PRUNED | FAIL ...
+    value: float | None
+    params: Params
+    steps: int  # trained by this trial's job
+    end: float | None  # epoch seconds
+    batch_source: NotRequired[str | None]
+    seconds: NotRequired[float]  # the Optuna trial's start to its end
+    train_share: NotRequired[float]  # of `seconds`, in optimizer steps
+    eval_s: NotRequired[float | None]
+    device_seconds: NotRequired[float | None]
+    curve: NotRequired[list[tuple[int, float]]]  # its reports: (step, value)
+
+
+class BatchStudyFigures(TypedDict, total=False):
+    """What the batch-size study leaves in optimization_results.yaml (app/studies)."""
+
+    rows: list[dict[str, object]]
+    critical_batch_curve: float | None
+    curve_note: str | None
+    critical_batch_noise: float | None
+    target_loss: float | None
+
+
+class StudyResult(TypedDict):
+    wall_s: float
+    started_at: float  # epoch seconds: trials' "end" are on the same clock
+    cpu_s: float  # user + system seconds of the study's process: less swayed by load
+    states: dict[str, int]
+    optimizer_steps: int
+    best_value: float | None
+    trials: list[TrialRow]
+    batch_size_study: NotRequired[BatchStudyFigures | None]  # where asked for
+    pruner_args: NotRequired[dict[str, object]]  # a Trainer study's
+    reach_s: NotRequired[float | None]  # app/bench/hpo_peers.py
+    reach_steps: NotRequired[int | None]
+
+
+class Replay(TypedDict):
+    optimizer_steps: int
+    best_value: float | None
+
+
+class ShortTrials(TypedDict):
+    train_share: float
+    train_share_cached: float
+    cached_trials: int
+    seconds: float
+    eval_s: float
+    first_trial_s: float
+    trials: list[TrialRow]
+
+
+class HpoReport(TypedDict):
+    studies: dict[str, StudyResult]
+    steps_ratio: float
+    same_best: bool
+    replays: dict[str, Replay]
+    short_trials: ShortTrials
+
 
 # The study: 16 trials of up to 120 steps, evaluated every 10, on the tiny model, in the
 # search space of sweeps/tiny_cpu.yaml.
@@ -50,7 +124,7 @@ SHORT = [
 ]
 
 
-def run_hpo_bench(extra: list[str]) -> dict[str, Any]:
+def run_hpo_bench(extra: list[str]) -> HpoReport:
     # The pruner goes last, so that extra overrides cannot undo an arm.
     full = run_study(STUDY + extra + PRUNERS["none"])
     pruned = run_study(STUDY + extra + PRUNERS["default"])
@@ -77,7 +151,7 @@ def run_hpo_bench(extra: list[str]) -> dict[str, Any]:
 # Pruners replayed on the unpruned study: (hpo.pruner, hpo.pruner_args). The trials of the
 # unpruned study are fed in order, each stopped where the pruner would have stopped it; with one
 # worker and a random sampler that is exactly the study the pruner would have run.
-REPLAYS: dict[str, tuple[str, dict[str, Any]]] = {
+REPLAYS: dict[str, tuple[str, dict[str, int]]] = {
     "median (startup 4, warm-up 1 step)": ("median", {"n_startup_trials": 4, "n_warmup_steps": 1}),
     "median (default)": ("median", {}),
     "successive_halving (default)": ("successive_halving", {}),
@@ -86,7 +160,7 @@ REPLAYS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def replay(trials: list[dict[str, Any]], spec: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+def replay(trials: list[TrialRow], spec: tuple[str, dict[str, int]]) -> Replay:
     import optuna
 
     from hydra_plugins.hydratrain_optuna_sweeper.pruning import study_pruner
@@ -111,11 +185,13 @@ def replay(trials: list[dict[str, Any]], spec: tuple[str, dict[str, Any]]) -> di
             study.tell(trial, t["value"])
             values.append(t["value"])
         steps += trained
-    return {"optimizer_steps": steps, "best_value": min(values) if values else None}
+    done = [v for v in values if v is not None]
+    return {"optimizer_steps": steps, "best_value": min(done) if done else None}
 
 
-def run_study(overrides: list[str], keep: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The study's trials as rows, and the `keep` keys of its optimization_results.yaml."""
+def run_study(overrides: list[str], batch_size_study: bool = False) -> StudyResult:
+    """The study's trials as rows, and where asked, the batch-size study's analysis in its
+    optimization_results.yaml."""
     import optuna
     import yaml
     from optuna.storages.journal import JournalFileBackend
@@ -138,17 +214,20 @@ def run_study(overrides: list[str], keep: tuple[str, ...] = ()) -> dict[str, Any
         study = optuna.load_study(study_name="bench", storage=journal)
         trials = [trial_row(t) for t in sorted(study.get_trials(), key=lambda t: t.number)]
         results = yaml.safe_load(Path(tmp, "multirun", "optimization_results.yaml").read_text())
-    done = [t for t in trials if t["value"] is not None and t["state"] == "COMPLETE"]
-    return {
+    values = [t["value"] for t in trials if t["state"] == "COMPLETE"]
+    done = [v for v in values if v is not None]
+    result: StudyResult = {
         "wall_s": wall,
-        "started_at": started_at,  # epoch seconds: trials' "end" are on the same clock
-        "cpu_s": cpu,  # user + system seconds of the study's process: less swayed by load
+        "started_at": started_at,
+        "cpu_s": cpu,
         "states": {s: sum(t["state"] == s for t in trials) for s in {t["state"] for t in trials}},
         "optimizer_steps": sum(t["steps"] for t in trials),
-        "best_value": min(t["value"] for t in done) if done else None,
+        "best_value": min(done) if done else None,
         "trials": trials,
-        **{key: results.get(key) for key in keep},
     }
+    if batch_size_study:
+        result["batch_size_study"] = results.get("batch_size_study")
+    return result
 
 
 def children_cpu_s() -> float:
@@ -165,12 +244,9 @@ def fatal_env() -> dict[str, str]:
     return {**os.environ, "PYTHONFAULTHANDLER": "1", "LIBC_FATAL_STDERR_": "1"}
 
 
-def trial_row(t: Any) -> dict[str, Any]:
-    from app.engine.summary import Summary
-
-    summary = Summary.from_json(
-        json.loads(Path(t.user_attrs["run_dir"], "summary.json").read_text())
-    )
+def trial_row(t: FrozenTrial) -> TrialRow:
+    summary = Summary.read(t.user_attrs["run_dir"])
+    assert t.datetime_start is not None and t.datetime_complete is not None  # a finished trial
     seconds = (t.datetime_complete - t.datetime_start).total_seconds()
     return {
         "number": t.number,
@@ -188,7 +264,7 @@ def trial_row(t: Any) -> dict[str, Any]:
     }
 
 
-def hpo_table(report: dict[str, Any]) -> str:
+def hpo_table(report: HpoReport) -> str:
     lines = [
         "| pruner | trials (state: n) | optimizer steps | wall s | best value |",
         "|---|---|---:|---:|---:|",

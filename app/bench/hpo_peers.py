@@ -30,9 +30,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
-from app.bench.hpo import STUDY, children_cpu_s, fatal_env, run_study
+from app.bench.hpo import (
+    STUDY,
+    Goals,
+    Params,
+    StudyResult,
+    TrialRow,
+    children_cpu_s,
+    fatal_env,
+    run_study,
+)
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+    from app.config.schema import TrainConfig
 
 ARMS = {"none": ["hpo.pruner=none"], "default": [], "asha": ["hpo.pruner=asha"]}
 PEERS = ("trainer", "trainer-optuna-defaults")
@@ -42,9 +56,33 @@ SAMPLERS = ("tpe", "random")
 ASHA_STEPS = 1.2  # asha may train at most this many times the default pruner's steps
 
 
+class SamplerRun(TypedDict):
+    """One sampler's studies, and the goals judged from them."""
+
+    reference_best: float  # the unpruned study's
+    studies: dict[str, StudyResult]
+    same_configurations: dict[str, bool]
+    goals: Goals
+
+
+class PeerSpec(TypedDict):
+    """What the Trainer's study runs (app/bench/hf_study.py reads it)."""
+
+    overrides: list[str]
+    tmp: str
+    journal: str  # the study's journal file, read back here
+    n_trials: int
+    seed: int | None
+    pruner_args: dict[str, object]  # SuccessiveHalvingPruner's
+
+
+class PeersReport(TypedDict):
+    samplers: dict[str, SamplerRun]
+
+
 def run_peers_bench(
     extra: list[str], contenders: list[str], samplers: list[str] | None = None
-) -> dict[str, Any]:
+) -> PeersReport:
     """Per sampler, the contenders' studies and the goals judged from them."""
     if "none" not in contenders:
         raise SystemExit("--hpo-peers: the 'none' contender is the reference; keep it")
@@ -57,14 +95,16 @@ def run_peers_bench(
     return {"samplers": out}
 
 
-def run_sampler(extra: list[str], contenders: list[str]) -> dict[str, Any]:
-    studies: dict[str, Any] = {}
+def run_sampler(extra: list[str], contenders: list[str]) -> SamplerRun:
+    studies: dict[str, StudyResult] = {}
     for name in contenders:
         if name in ARMS:
             studies[name] = run_study(STUDY + extra + ARMS[name])  # the arm last: it wins
         else:
             studies[name] = run_trainer_study(extra, name)
     best = studies["none"]["best_value"]
+    if best is None:
+        raise SystemExit("--hpo-peers: the unpruned reference study completed no trial")
     for s in studies.values():
         s["reach_s"] = reach_seconds(s, best)
         s["reach_steps"] = reach_steps(s, best)
@@ -76,21 +116,25 @@ def run_sampler(extra: list[str], contenders: list[str]) -> dict[str, Any]:
     }
 
 
-def run_trainer_study(extra: list[str], name: str) -> dict[str, Any]:
+def run_trainer_study(extra: list[str], name: str) -> StudyResult:
     import subprocess
 
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
     cfg = _config(STUDY + extra)
+    hpo, t = cfg.hpo, cfg.training
+    if hpo is None or t.max_steps is None:
+        raise SystemExit("--hpo-peers: the study needs hpo settings and training.max_steps")
+    pruner_args = _peer_pruner_args(name, t.eval_every, t.max_steps)
     with tempfile.TemporaryDirectory(prefix="bench-hf-study-") as tmp:
-        spec = {
+        spec: PeerSpec = {
             "overrides": [*STUDY, *extra, f"data.cache_dir={tmp}/cache"],
             "tmp": tmp,
             "journal": f"{tmp}/study.journal",
-            "n_trials": cfg.hpo.n_trials,
-            "seed": cfg.hpo.seed,
-            "pruner_args": _peer_pruner_args(cfg, name),
+            "n_trials": hpo.n_trials,
+            "seed": hpo.seed,
+            "pruner_args": pruner_args,
         }
         Path(tmp, "spec.json").write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "app.bench.hf_study", f"{tmp}/spec.json"]
@@ -101,13 +145,14 @@ def run_trainer_study(extra: list[str], name: str) -> dict[str, Any]:
             raise SystemExit(f"Trainer study failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         storage = optuna.storages.JournalStorage(JournalFileBackend(spec["journal"]))
         trials = optuna.load_study(study_name="peer", storage=storage).get_trials()
-    rows = [_trainer_row(t, cfg.training.max_steps, cfg.training.micro_batch_size) for t in trials]
-    done = [r["value"] for r in rows if r["state"] == "COMPLETE"]
+    rows = [_trainer_row(trial, t.max_steps, t.micro_batch_size) for trial in trials]
+    values = [r["value"] for r in rows if r["state"] == "COMPLETE"]
+    done = [v for v in values if v is not None]
     return {
         "wall_s": wall,
         "started_at": started_at,
         "cpu_s": cpu,
-        "pruner_args": spec["pruner_args"],
+        "pruner_args": pruner_args,
         "states": {s: sum(r["state"] == s for r in rows) for s in {r["state"] for r in rows}},
         "optimizer_steps": sum(r["steps"] for r in rows),
         "best_value": min(done) if done else None,
@@ -115,23 +160,22 @@ def run_trainer_study(extra: list[str], name: str) -> dict[str, Any]:
     }
 
 
-def _config(overrides: list[str]) -> Any:
+def _config(overrides: list[str]) -> TrainConfig:
     from app.config.compose import compose
     from app.config.schema import load_config
 
     return load_config(compose("train", overrides))
 
 
-def _peer_pruner_args(cfg: Any, name: str) -> dict[str, Any]:
+def _peer_pruner_args(name: str, eval_every: int, max_steps: int) -> dict[str, object]:
     if name == "trainer-optuna-defaults":
         return {}
     from hydra_plugins.hydratrain_optuna_sweeper.pruning import study_pruner_arguments
 
-    t = cfg.training
-    return study_pruner_arguments("successive_halving", {}, t.eval_every, t.max_steps)
+    return study_pruner_arguments("successive_halving", {}, eval_every, max_steps)
 
 
-def _trainer_row(t: Any, max_steps: int, micro: int) -> dict[str, Any]:
+def _trainer_row(t: FrozenTrial, max_steps: int, micro: int) -> TrialRow:
     """A Trainer trial as the sweeper's rows are (its parameters under the sweeper's names)."""
     pruned_at = max(t.intermediate_values) if t.intermediate_values else 0
     p = t.params
@@ -150,34 +194,36 @@ def _trainer_row(t: Any, max_steps: int, micro: int) -> dict[str, Any]:
     }
 
 
-def reach_seconds(study: dict[str, Any], best: float) -> float | None:
+def reach_seconds(study: StudyResult, best: float) -> float | None:
     """Seconds from the study's start to its first completed trial within 1 % of `best`."""
     ends = [
-        t["end"]
+        end
         for t in study["trials"]
-        if t["state"] == "COMPLETE" and t["value"] is not None and t["value"] <= best * (1 + WITHIN)
+        if (end := t["end"]) is not None
+        and t["state"] == "COMPLETE"
+        and (value := t["value"]) is not None
+        and value <= best * (1 + WITHIN)
     ]
     return min(ends) - study["started_at"] if ends else None
 
 
-def reach_steps(study: dict[str, Any], best: float) -> int | None:
+def reach_steps(study: StudyResult, best: float) -> int | None:
     """Optimizer steps the study had trained when it first came within 1 % of `best`: what the
     pruner saved, whatever the load of the machine (the trials that ended by then)."""
     reach = reach_seconds(study, best)
     if reach is None:
         return None
     by = study["started_at"] + reach
-    return sum(t["steps"] for t in study["trials"] if t["end"] is not None and t["end"] <= by)
+    ends = [(t["steps"], t["end"]) for t in study["trials"]]
+    return sum(steps for steps, end in ends if end is not None and end <= by)
 
 
-def _same_configurations(studies: dict[str, Any]) -> dict[str, bool]:
+def _same_configurations(studies: dict[str, StudyResult]) -> dict[str, bool]:
     """Did each contender draw the reference's configurations, in its order?"""
     ref = [t["params"] for t in sorted(studies["none"]["trials"], key=lambda t: t["number"])]
     out = {}
     for name, s in studies.items():
-        firsts: dict[
-            str, Any
-        ] = {}  # a line's first trial: promoted copies repeat their configuration
+        firsts: dict[str, Params] = {}  # a line's first trial: promoted copies repeat it
         for t in sorted(s["trials"], key=lambda t: t["number"]):
             key = json.dumps(t["params"], sort_keys=True)
             firsts.setdefault(key, t["params"])
@@ -185,23 +231,26 @@ def _same_configurations(studies: dict[str, Any]) -> dict[str, bool]:
     return out
 
 
-def _close(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+def _close(a: list[Params], b: list[Params]) -> bool:
     if len(a) != len(b):
         return False
     for x, y in zip(a, b, strict=True):
         if x.keys() != y.keys():
             return False
-        for k in x:
-            if isinstance(x[k], float) and abs(x[k] - y[k]) > 1e-12 * max(1.0, abs(y[k])):
-                return False
-            if not isinstance(x[k], float) and x[k] != y[k]:
-                return False
+        if not all(_same(x[k], y[k]) for k in x):
+            return False
     return True
 
 
-def goals(studies: dict[str, Any]) -> dict[str, Any]:
+def _same(x: object, y: object) -> bool:
+    if isinstance(x, float) and isinstance(y, (int, float)):
+        return abs(x - y) <= 1e-12 * max(1.0, abs(y))
+    return x == y
+
+
+def goals(studies: dict[str, StudyResult]) -> Goals:
     """The issue's goals, each with its figures: met, missed, or not measured."""
-    out: dict[str, Any] = {}
+    out: Goals = {}
     none, default = studies["none"], studies.get("default")
     trainer = studies.get("trainer")
     if default is not None:
@@ -220,13 +269,13 @@ def goals(studies: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _asha_goals(asha: dict[str, Any], none: dict[str, Any], default: Any) -> dict[str, Any]:
+def _asha_goals(asha: StudyResult, none: StudyResult, default: StudyResult | None) -> Goals:
     best, reference = asha["best_value"], none["best_value"]
-    out: dict[str, Any] = {
+    out: Goals = {
         "asha_within_1pct_of_the_best": {
             "best": best,
             "reference": reference,
-            "met": best is not None and best <= reference * (1 + WITHIN),
+            "met": best is not None and reference is not None and best <= reference * (1 + WITHIN),
         }
     }
     if default is not None:
@@ -239,18 +288,22 @@ def _asha_goals(asha: dict[str, Any], none: dict[str, Any], default: Any) -> dic
     return out
 
 
-def _without_curves(study: dict[str, Any]) -> dict[str, Any]:
-    trials = [{k: v for k, v in t.items() if k != "curve"} for t in study["trials"]]
+def _without_curves(study: StudyResult) -> StudyResult:
+    trials: list[TrialRow] = []
+    for t in study["trials"]:
+        row = t.copy()
+        row.pop("curve", None)
+        trials.append(row)
     return {**study, "trials": trials}
 
 
-def peers_tables(report: dict[str, Any]) -> str:
+def peers_tables(report: PeersReport) -> str:
     return "\n\n".join(
         f"sampler: {name}\n{peers_table(one)}" for name, one in report["samplers"].items()
     )
 
 
-def peers_table(report: dict[str, Any]) -> str:
+def peers_table(report: SamplerRun) -> str:
     best = report["reference_best"]
     none = report["studies"]["none"]
     lines = [

@@ -17,14 +17,15 @@ one after the update (2 x accumulation + 2).
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
+
+from app.engine.summary import Summary
 
 EFFECTIVE, MICRO, RANKS = 32, 2, 2
 RUN = [
@@ -56,8 +57,38 @@ def agreements_per_step(ranks: int) -> int:
     return 2 * accumulation + 2
 
 
-def run_parallel_bench(extra: list[str], rounds: int = 1) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ARMS}
+class ArmRun(TypedDict):
+    """One run of an arm, from its summary.json."""
+
+    tokens_per_sec: float
+    tokens_per_step: int
+    model_state_bytes: dict[str, int]
+    peak_memory_bytes_per_rank: list[int] | None
+    world_size: int
+
+
+class ArmMedians(TypedDict):
+    """An arm's medians over its runs."""
+
+    ranks: int
+    tokens_per_sec: float
+    step_s: float
+    agreements_per_step: int
+    model_state_mib: float
+    peak_mib_per_rank: list[float]
+    agreement_us: NotRequired[float]  # the arms with the agreement: its cost, and
+    ratio_to_no_agreement: NotRequired[float]  # tokens/s over the arm without it
+
+
+class ParallelReport(TypedDict):
+    run: list[str]
+    rounds: int
+    arms: dict[str, ArmMedians]
+    runs: dict[str, list[ArmRun]]
+
+
+def run_parallel_bench(extra: list[str], rounds: int = 1) -> ParallelReport:
+    runs: dict[str, list[ArmRun]] = {name: [] for name in ARMS}
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:
         for r in range(rounds):
             for name, (ranks, args) in ARMS.items():
@@ -73,7 +104,7 @@ def run_parallel_bench(extra: list[str], rounds: int = 1) -> dict[str, Any]:
     return {"run": RUN + extra, "rounds": rounds, "arms": arms, "runs": runs}
 
 
-def run_arm(ranks: int, args: list[str], run_dir: Path, tmp: str) -> dict[str, Any]:
+def run_arm(ranks: int, args: list[str], run_dir: Path, tmp: str) -> ArmRun:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     prefix = [*launcher, f"--nproc_per_node={ranks}"] if ranks > 1 else [sys.executable]
     where = [f"hydra.run.dir={run_dir}", f"data.cache_dir={tmp}/cache"]
@@ -82,17 +113,19 @@ def run_arm(ranks: int, args: list[str], run_dir: Path, tmp: str) -> dict[str, A
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    summary = json.loads((run_dir / "summary.json").read_text())
+    s = Summary.read(run_dir)
+    if s.tokens_per_sec is None or s.tokens_per_step is None:
+        raise SystemExit(f"{run_dir}/summary.json has no tokens_per_sec: {' '.join(cmd)}")
     return {
-        "tokens_per_sec": summary["tokens_per_sec"],
-        "tokens_per_step": summary["tokens_per_step"],
-        "model_state_bytes": summary["model_state_bytes"],
-        "peak_memory_bytes_per_rank": summary.get("peak_memory_bytes_per_rank"),
-        "world_size": summary.get("world_size", 1),
+        "tokens_per_sec": s.tokens_per_sec,
+        "tokens_per_step": s.tokens_per_step,
+        "model_state_bytes": s.model_state_bytes,
+        "peak_memory_bytes_per_rank": s.peak_memory_bytes_per_rank,
+        "world_size": s.world_size,
     }
 
 
-def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(name: str, runs: list[ArmRun]) -> ArmMedians:
     ranks = ARMS[name][0]
     tokens = statistics.median(r["tokens_per_sec"] for r in runs)
     return {
@@ -105,7 +138,7 @@ def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def parallel_table(report: dict[str, Any]) -> str:
+def parallel_table(report: ParallelReport) -> str:
     lines = [
         "| arm | ranks | tokens/s | s/step | vs no agreement | agreements/step | "
         "per agreement | model state per rank | peak per rank |",

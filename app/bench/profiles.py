@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 CONTENDERS = ("trainer", "bare", "hf")
+
+
+class Profile(TypedDict):
+    overrides: list[str]  # for every contender and variant
+    warmup: int  # steps left out of the throughput
+    steps: int  # measured steps
+    variants: dict[str, list[str]]  # name -> its own overrides
+    lockstep: NotRequired[bool]  # the default of --lockstep (off)
+
 
 # Profile: config overrides shared by every contender, warm-up/measured steps and the variants
 # (extra overrides per variant, e.g. compile on/off). Batch sizes are fixed, never `auto`, so the
 # three contenders do exactly the same work.
-PROFILES: dict[str, dict[str, Any]] = {
+PROFILES: dict[str, Profile] = {
     "tiny": {
         "overrides": ["training.effective_batch_size=32", "training.micro_batch_size=16"],
         "warmup": 5,
@@ -89,7 +98,7 @@ class Arm:
     label: str
     contender: str
     overrides: list[str] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)  # contender-specific knobs
+    options: dict[str, str] = field(default_factory=dict)  # contender-specific knobs
     env: dict[str, str] = field(default_factory=dict)
 
 

@@ -10,14 +10,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from app.bench.lockstep import Lane, run_turns
-from app.bench.profiles import PROFILES, Arm, ablations
-from app.bench.report import add_ratios, aggregate, machine_info, unit_rate
+from app.bench.profiles import PROFILES, Arm, Profile, ablations
+from app.bench.report import Report, Row, RunResult, add_ratios, aggregate, machine_info, unit_rate
+from app.bench.workers import Spec
+
+Key = tuple[str, str]  # (variant or ablation, contender or arm)
+Results = dict[Key, list[RunResult]]  # every round's run of each arm
+V = TypeVar("V")
 
 
-def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+def run_benchmark(args: argparse.Namespace) -> Report:
     prof = PROFILES[args.profile]
     contenders = [c for c in args.contenders.split(",") if c]
     variants = _pick(prof["variants"], args.variants)
@@ -27,14 +32,14 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         for c in contenders
     }
     results = run_rounds(args, prof, arms)
-    rows = []
+    rows: list[Row] = []
     for (variant, contender), runs in results.items():
         rows.append({"variant": variant, "contender": contender, **aggregate(runs)})
     add_ratios(rows, key=lambda r: r["variant"], baseline=lambda r: r["contender"] == "bare")
     return {"kind": "benchmark", **setup_info(args, prof), "rows": rows, "runs": _flat(results)}
 
 
-def run_ablations(args: argparse.Namespace) -> dict[str, Any]:
+def run_ablations(args: argparse.Namespace) -> Report:
     prof = PROFILES[args.profile]
     groups = _pick(ablations(args.profile), args.only)
     arms = {
@@ -45,7 +50,7 @@ def run_ablations(args: argparse.Namespace) -> dict[str, Any]:
         for arm in group
     }
     results = run_rounds(args, prof, arms)
-    rows = []
+    rows: list[Row] = []
     for (name, label), runs in results.items():
         rows.append(
             {
@@ -62,7 +67,7 @@ def run_ablations(args: argparse.Namespace) -> dict[str, Any]:
     return {"kind": "ablation", **setup_info(args, prof), "rows": rows, "runs": _flat(results)}
 
 
-def _pick(table: dict[str, Any], names: str | None) -> dict[str, Any]:
+def _pick(table: dict[str, V], names: str | None) -> dict[str, V]:
     if not names:
         return table
     wanted = [n.strip() for n in names.split(",")]
@@ -72,11 +77,11 @@ def _pick(table: dict[str, Any], names: str | None) -> dict[str, Any]:
     return {n: table[n] for n in wanted}
 
 
-def _flat(results: dict[tuple[str, str], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _flat(results: Results) -> list[dict[str, object]]:
     return [{"group": g, "arm": a, **r} for (g, a), runs in results.items() for r in runs]
 
 
-def setup_info(args: argparse.Namespace, prof: dict[str, Any]) -> dict[str, Any]:
+def setup_info(args: argparse.Namespace, prof: Profile) -> Report:
     return {
         "command": "python -m app.bench " + " ".join(sys.argv[1:]),
         "profile": args.profile,
@@ -89,9 +94,7 @@ def setup_info(args: argparse.Namespace, prof: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def run_rounds(
-    args: argparse.Namespace, prof: dict[str, Any], arms: dict[tuple[str, str], Arm]
-) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def run_rounds(args: argparse.Namespace, prof: Profile, arms: dict[Key, Arm]) -> Results:
     """Every arm once per round; a failed run is recorded.
 
     In lockstep, the arms of each group (a variant, or an ablation option) run together and
@@ -99,12 +102,12 @@ def run_rounds(
     another and the order rotates each round (a, b, c; b, c, a; c, a, b; ...), so over a
     multiple of the number of arms each one runs equally often in every slot: on a shared machine
     the slot alone was measured to move a contender by several percent."""
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in arms}
+    results: Results = {key: [] for key in arms}
     keys = list(arms)
     warmup, steps = args.warmup or prof["warmup"], args.steps or prof["steps"]
     for rnd in range(args.rounds):
         if _lockstep(args, prof):
-            done: dict[tuple[str, str], dict[str, Any]] = {}
+            done: dict[Key, RunResult] = {}
             for group in dict.fromkeys(k[0] for k in keys):  # ratios are within a group
                 done |= run_lockstep(
                     {k: arms[k] for k in keys if k[0] == group}, prof, warmup, steps
@@ -122,12 +125,12 @@ def run_rounds(
     return results
 
 
-def _lockstep(args: argparse.Namespace, prof: dict[str, Any]) -> bool:
+def _lockstep(args: argparse.Namespace, prof: Profile) -> bool:
     chosen = getattr(args, "lockstep", None)
     return prof.get("lockstep", False) if chosen is None else chosen
 
 
-def _progress_line(key: tuple[str, str], res: dict[str, Any]) -> None:
+def _progress_line(key: Key, res: RunResult) -> None:
     if "error" in res:
         print(f"  {key}: FAILED {res['error']}", file=sys.stderr, flush=True)
         return
@@ -139,7 +142,7 @@ def _progress_line(key: tuple[str, str], res: dict[str, Any]) -> None:
     )
 
 
-def run_worker(arm: Arm, prof: dict[str, Any], warmup: int, steps: int) -> dict[str, Any]:
+def run_worker(arm: Arm, prof: Profile, warmup: int, steps: int) -> RunResult:
     """One run of one arm, alone on the machine."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         spec = _spec(arm, prof, warmup, steps, Path(tmp))
@@ -151,13 +154,13 @@ def run_worker(arm: Arm, prof: dict[str, Any], warmup: int, steps: int) -> dict[
 
 
 def run_lockstep(
-    arms: dict[tuple[str, str], Arm], prof: dict[str, Any], warmup: int, steps: int
-) -> dict[tuple[str, str], dict[str, Any]]:
+    arms: dict[Key, Arm], prof: Profile, warmup: int, steps: int
+) -> dict[Key, RunResult]:
     """One run of each arm, all in lockstep (app/bench/lockstep.py): each sets up alone, then
     they take turns step by step."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        lanes: dict[tuple[str, str], Lane] = {}
-        outs: dict[tuple[str, str], Path] = {}
+        lanes: dict[Key, Lane] = {}
+        outs: dict[Key, Path] = {}
         for i, (key, arm) in enumerate(arms.items()):
             sub = Path(tmp) / str(i)
             sub.mkdir()
@@ -173,8 +176,8 @@ def run_lockstep(
 
 
 def _spec(
-    arm: Arm, prof: dict[str, Any], warmup: int, steps: int, tmp: Path, baton=None
-) -> dict[str, Any]:
+    arm: Arm, prof: Profile, warmup: int, steps: int, tmp: Path, baton: list[int] | None = None
+) -> Spec:
     return {
         "contender": arm.contender,
         "overrides": [*prof["overrides"], *arm.overrides],
@@ -187,7 +190,7 @@ def _spec(
     }
 
 
-def _write_spec(spec: dict[str, Any]) -> Path:
+def _write_spec(spec: Spec) -> Path:
     path = Path(spec["tmp"]) / "spec.json"
     path.write_text(json.dumps({**spec, "start_time": time.time()}))
     return path
@@ -201,8 +204,9 @@ def _env(arm: Arm) -> dict[str, str]:
     return {**os.environ, **arm.env}
 
 
-def _collect(returncode: int, out: Path, output: str) -> dict[str, Any]:
+def _collect(returncode: int, out: Path, output: str) -> RunResult:
     if returncode != 0 or not out.is_file():
         tail = output.strip().splitlines()[-3:]
         return {"error": f"exit {returncode}: {' | '.join(tail)}"}
-    return json.loads(out.read_text())
+    result: RunResult = json.loads(out.read_text())
+    return result

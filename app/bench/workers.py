@@ -4,29 +4,46 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from app.bench.clock import StepClock
 from app.bench.lockstep import Baton
+from app.bench.report import RunResult
 
 if TYPE_CHECKING:
     from app.config.schema import TrainConfig
+    from app.engine.run import Run, Samples
+
+
+class Spec(TypedDict):
+    """What a worker runs (spec.json, written by app/bench/schedule.py)."""
+
+    contender: str  # trainer | bare | hf
+    overrides: list[str]
+    options: dict[str, str]  # the arm's contender-specific knobs (profiles.Arm)
+    warmup: int
+    steps: int
+    tmp: str  # the run's scratch directory
+    out: str  # where the worker writes its RunResult
+    baton: NotRequired[list[int] | None]  # lockstep: the worker's (go, done) pipe ends
+    start_time: NotRequired[float]  # time.time() as the worker was launched
 
 
 def worker_main(spec_path: Path) -> int:
-    spec = json.loads(spec_path.read_text())
+    spec: Spec = json.loads(spec_path.read_text())
     runner = {"trainer": work_trainer, "bare": work_bare, "hf": work_hf}[spec["contender"]]
     result = runner(spec)
     Path(spec["out"]).write_text(json.dumps(result))
     return 0
 
 
-def _clock(spec: dict[str, Any], cfg, device) -> StepClock:
-    baton = Baton(*spec["baton"]) if spec.get("baton") else None
+def _clock(spec: Spec, cfg, device) -> StepClock:
+    ends = spec.get("baton")
+    baton = Baton(*ends) if ends else None
     return StepClock(spec["start_time"], spec["warmup"], cfg.budget().max_steps, device, baton)
 
 
-def _compose(spec: dict[str, Any]) -> TrainConfig:
+def _compose(spec: Spec) -> TrainConfig:
     from app.config.compose import compose
     from app.config.schema import load_config
 
@@ -43,7 +60,7 @@ def _result(
     dtype: str,
     flops_tok: int | None,
     peak_tflops: float | None,
-) -> dict[str, Any]:
+) -> RunResult:
     """Throughput in tokens that carry data and in samples (the work the clock counted over the
     measured steps); `unit` says which one the task reports (app/bench/tasks.py)."""
     from app.engine.telemetry import mfu
@@ -100,7 +117,7 @@ def _flops(model, cfg, device, precision, task) -> tuple[int, float | None]:
     return flops, device.peak_tflops.get(precision.name)
 
 
-def work_trainer(spec: dict[str, Any]) -> dict[str, Any]:
+def work_trainer(spec: Spec) -> RunResult:
     """The real `run_training`; the only addition is a timestamp after each optimizer step."""
     import torch
 
@@ -121,11 +138,11 @@ def work_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     clock = _clock(spec, cfg, device)
 
     class Timed(StepHooks):
-        def on_step_start(self, run: Any, step: int, batch: Any) -> None:
+        def on_step_start(self, run: Run, step: int, batch: Samples) -> None:
             clock.before_step()
             clock.count(*bench.step_work(batch, run.plan.micro_sizes))
 
-        def on_step_end(self, run: Any, step: int) -> None:
+        def on_step_end(self, run: Run, step: int) -> None:
             clock.step_done()
 
     summary = run_training(cfg, Path(spec["tmp"]) / "run", Observers(hooks=Timed()))
@@ -168,7 +185,7 @@ def _adamw(model, cfg, impl: str):
     return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, **kwargs)
 
 
-def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
+def work_bare(spec: Spec) -> RunResult:
     """The floor: model, AdamW, autocast, clip, step. No loader, no logging, no framework.
     What a step's samples are and how they are split is the task's (app/bench/tasks.py)."""
     import contextlib
@@ -217,7 +234,7 @@ def work_bare(spec: dict[str, Any]) -> dict[str, Any]:
     return _result(clock, cfg, bench.unit, final, device.name, precision.name, flops, peak_tflops)
 
 
-def work_hf(spec: dict[str, Any]) -> dict[str, Any]:
+def work_hf(spec: Spec) -> RunResult:
     """transformers.Trainer with the same model, batch plan, optimizer recipe and precision; the
     dataset, collator and sampling a Trainer user would pick for the task (app/bench/tasks.py)."""
     from transformers import TrainerCallback, TrainingArguments
