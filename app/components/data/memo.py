@@ -21,7 +21,7 @@ T = TypeVar("T")
 _last: tuple[str, Any] | None = None
 
 
-def data_key(task_name: str, data_cfg: DataConfig, extra: Any = None) -> str:
+def data_key(task_name: str, data_cfg: DataConfig, extra: object = None) -> str:
     """The resolved data config (seed, split, source settings) and, where the rows come from
     files, their sizes and modification times."""
     from app.components.data.rows import dataset_identity

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from app.core.errors import ConfigError
 from app.core.fields import check_fields
@@ -20,18 +20,32 @@ from app.core.registry import Registry
 
 if TYPE_CHECKING:
     import torch
+    from _typeshed import DataclassInstance
 
 
 class OptimizerSettings(Protocol):
     """What an optimizer reads of `training.*` (TrainingConfig has these fields)."""
 
-    optimizer: str
-    optimizer_args: Any
-    lr: float
-    betas: list[float]
-    eps: float
-    weight_decay: float
-    fused_adamw: bool | None
+    @property
+    def optimizer(self) -> str: ...
+
+    @property
+    def optimizer_args(self) -> object: ...  # a mapping, checked against the optimizer's Args
+
+    @property
+    def lr(self) -> float: ...
+
+    @property
+    def betas(self) -> list[float]: ...
+
+    @property
+    def eps(self) -> float: ...
+
+    @property
+    def weight_decay(self) -> float: ...
+
+    @property
+    def fused_adamw(self) -> bool | None: ...
 
 
 @dataclass
@@ -39,20 +53,47 @@ class NoArgs:
     """An optimizer with no settings of its own beyond training.*."""
 
 
-Build = Callable[[list[dict[str, Any]], OptimizerSettings, Any], "torch.optim.Optimizer"]
+# One parameter group as torch optimizers take it: {"params": [...], "weight_decay": 0.0}
+ParamGroup = dict[str, "list[torch.nn.Parameter] | float"]
+A = TypeVar("A", bound="DataclassInstance")
+
+
+class OptimizerKind(Protocol):
+    """An optimizer as the run sees it, whatever its own settings' type."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def state_bytes_per_param(self) -> float: ...
+
+    @property
+    def steps_shards(self) -> bool: ...
+
+    def check(self, training: OptimizerSettings) -> None: ...
+
+    def create(
+        self, model: torch.nn.Module, training: OptimizerSettings
+    ) -> torch.optim.Optimizer: ...
+
+    def cache_identity(self, training: OptimizerSettings) -> list[object]: ...
 
 
 @dataclass(frozen=True)
-class Optimizer:
+class Optimizer(Generic[A]):
     name: str  # training.optimizer=NAME
     label: str  # as a message names it: "AdamW"
-    build: Build  # (parameter groups, training settings, its Args) -> torch optimizer
+    # (parameter groups, training settings, its Args) -> torch optimizer
+    build: Callable[[list[ParamGroup], OptimizerSettings, A], torch.optim.Optimizer]
     # fp32 optimizer state per parameter, at most (AdamW's two moments: 8)
     state_bytes_per_param: float
-    args: type = NoArgs  # its settings: training.optimizer_args
+    args: type[A]  # its settings: training.optimizer_args (NoArgs: none of its own)
     uses_betas: bool = False  # reads training.betas (two moving averages)
     # What besides the name changes its memory per step (the micro-batch cache keys on it)
-    memory_identity: Callable[[OptimizerSettings], list[Any]] = lambda t: []
+    memory_identity: Callable[[OptimizerSettings], list[object]] = lambda t: []
     steps_shards: bool = True  # steps FSDP's sharded (DTensor) parameters
 
     def check(self, training: OptimizerSettings) -> None:
@@ -62,7 +103,7 @@ class Optimizer:
         if self.uses_betas:
             check_betas(training)
 
-    def parse_args(self, given: Any) -> Any:
+    def parse_args(self, given: object) -> A:
         """training.optimizer_args as this optimizer's Args (unknown fields refused)."""
         if given is None:
             given = {}
@@ -70,13 +111,13 @@ class Optimizer:
             raise ConfigError(f"training.optimizer_args={given!r} must be a mapping of key: value")
         known = {f.name for f in dataclasses.fields(self.args)}
         for key in given:
-            if key not in known:
+            if str(key) not in known:
                 allowed = ", ".join(sorted(known)) or "none"
                 raise ConfigError(
                     f"training.optimizer_args.{key}: no such setting of training.optimizer="
                     f"{self.name}; known: {allowed}"
                 )
-        args = self.args(**given)
+        args = self.args(**{str(k): v for k, v in given.items()})
         check_fields(args, "training.optimizer_args")
         return args
 
@@ -84,14 +125,14 @@ class Optimizer:
         groups = param_groups(model, training.weight_decay)
         return self.build(groups, training, self.parse_args(training.optimizer_args))
 
-    def cache_identity(self, training: OptimizerSettings) -> list[Any]:
+    def cache_identity(self, training: OptimizerSettings) -> list[object]:
         return [self.name, *self.memory_identity(training)]
 
 
-OPTIMIZERS: Registry[Optimizer] = Registry(__name__, "training.optimizer")
+OPTIMIZERS: Registry[OptimizerKind] = Registry(__name__, "training.optimizer")
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[ParamGroup]:
     """Matrices decayed, vectors (biases, norm gains) not."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     return [
@@ -115,5 +156,5 @@ def check_betas(t: OptimizerSettings) -> None:
         raise ConfigError(f"training.betas={betas} must be two numbers in [0, 1)")
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)

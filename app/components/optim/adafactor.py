@@ -6,7 +6,7 @@ read; its own settings are `training.optimizer_args` (the fields of `Args` below
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.components.optim import OPTIMIZERS, Optimizer
 from app.core.fields import bounded
@@ -14,7 +14,7 @@ from app.core.fields import bounded
 if TYPE_CHECKING:
     import torch
 
-    from app.components.optim import OptimizerSettings
+    from app.components.optim import OptimizerSettings, ParamGroup
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Args:
     d: float = bounded(1.0, low=0.0, low_open=True)  # clipping threshold of the update's RMS
 
 
-def build(groups: list[dict[str, Any]], t: OptimizerSettings, args: Args) -> torch.optim.Optimizer:
+def build(groups: list[ParamGroup], t: OptimizerSettings, args: Args) -> torch.optim.Optimizer:
     import torch
 
     return torch.optim.Adafactor(

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from app.components.optim import OPTIMIZERS, Optimizer
+from app.components.optim import OPTIMIZERS, NoArgs, Optimizer
 
 if TYPE_CHECKING:
     import torch
 
-    from app.components.optim import OptimizerSettings
+    from app.components.optim import OptimizerSettings, ParamGroup
 
 
-def build(groups: list[dict[str, Any]], t: OptimizerSettings, args: Any) -> torch.optim.Optimizer:
+def build(groups: list[ParamGroup], t: OptimizerSettings, args: NoArgs) -> torch.optim.Optimizer:
     import torch
 
     # Fused AdamW runs on CUDA and, since torch 2.4, on CPU, where it is ~4x faster than the
@@ -33,6 +33,7 @@ OPTIMIZERS.add(
         label="AdamW",
         build=build,
         state_bytes_per_param=8,  # two fp32 moments
+        args=NoArgs,
         uses_betas=True,
         memory_identity=lambda t: [fused(t)],
     )

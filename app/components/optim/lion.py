@@ -5,22 +5,24 @@ weight decay 3-10x larger (conf/training/lion.yaml). The implementation is lion-
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from app.components.optim import OPTIMIZERS, Optimizer
+from app.components.optim import OPTIMIZERS, NoArgs, Optimizer
 
 if TYPE_CHECKING:
     import torch
 
-    from app.components.optim import OptimizerSettings
+    from app.components.optim import OptimizerSettings, ParamGroup
 
 
-def build(groups: list[dict[str, Any]], t: OptimizerSettings, args: Any) -> torch.optim.Optimizer:
+def build(groups: list[ParamGroup], t: OptimizerSettings, args: NoArgs) -> torch.optim.Optimizer:
     from lion_pytorch import Lion
 
     return Lion(groups, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
 
 
 OPTIMIZERS.add(
-    Optimizer("lion", label="Lion", build=build, state_bytes_per_param=4, uses_betas=True)
+    Optimizer(
+        "lion", label="Lion", build=build, state_bytes_per_param=4, args=NoArgs, uses_betas=True
+    )
 )

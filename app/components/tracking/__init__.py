@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from app.components.tracking.base import Sink
 from app.core.redact import mask_url_passwords
@@ -63,17 +63,34 @@ class Tracker(Generic[S]):
         return self.start(self.settings_in(tracking), run_dir, name, study)
 
 
-# Each tracker's settings are its own type: the registry holds trackers of any of them.
-TRACKERS: Registry[Tracker[Any]] = Registry(__name__, "tracking")
+class TrackerKind(Protocol):
+    """A tracker as the run sees it, whatever its settings' type: each finds its own node."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def module(self) -> str: ...
+
+    @property
+    def extra(self) -> str: ...
+
+    def enabled_in(self, tracking: object) -> bool: ...
+
+    def check_in(self, tracking: object) -> None: ...
+
+    def start_in(self, tracking: object, run_dir: Path, name: str, study: str | None) -> Sink: ...
 
 
-def tracked_config(config: DataclassInstance) -> dict[str, Any]:
+TRACKERS: Registry[TrackerKind] = Registry(__name__, "tracking")
+
+
+def tracked_config(config: DataclassInstance) -> dict[str, object]:
     """The resolved config (a typed config) as trackers store it, URL passwords masked."""
-    masked: dict[str, Any] = _masked(dataclasses.asdict(config))
-    return masked
+    return {str(k): _masked(v) for k, v in dataclasses.asdict(config).items()}
 
 
-def _masked(node: Any) -> Any:
+def _masked(node: object) -> object:
     if isinstance(node, dict):
         return {str(k): _masked(v) for k, v in node.items()}
     if isinstance(node, list | tuple):

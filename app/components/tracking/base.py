@@ -7,7 +7,7 @@ summary. Every method does nothing by default, so a sink implements only what it
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 # summary.json status -> did the run end as planned (a tracker's "finished" vs "failed").
 COMPLETED = "completed"
@@ -23,8 +23,8 @@ class Sink:
     def text(self, tag: str, text: str) -> None:
         """Free text, e.g. the run's plan as printed at start."""
 
-    def config(self, config: dict[str, Any], plan: dict[str, Any]) -> None:
+    def config(self, config: Mapping[str, object], plan: Mapping[str, object]) -> None:
         """The resolved config (secrets masked) and the batch plan, once, before training."""
 
-    def close(self, summary: dict[str, Any] | None) -> None:
+    def close(self, summary: Mapping[str, object] | None) -> None:
         """The run's end: flush and close; `summary` is summary.json's content (None if unknown)."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -38,12 +38,12 @@ class TensorBoardSink(Sink):
     def text(self, tag: str, text: str) -> None:
         self._writer.add_text(tag, text, 0)
 
-    def config(self, config: dict[str, Any], plan: dict[str, Any]) -> None:
+    def config(self, config: Mapping[str, object], plan: Mapping[str, object]) -> None:
         # Indented by four spaces: TensorBoard renders text as Markdown, this as a code block.
-        dump = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+        dump = yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False)
         self._writer.add_text("run/config", "\n".join("    " + ln for ln in dump.splitlines()), 0)
 
-    def close(self, summary: dict[str, Any] | None) -> None:
+    def close(self, summary: Mapping[str, object] | None) -> None:
         self._writer.close()
 
 
@@ -58,7 +58,7 @@ class JsonlSink(Sink):
     def scalars(self, step: int, values: dict[str, float]) -> None:
         self._file.write(json.dumps({"step": step, **values}) + "\n")
 
-    def close(self, summary: dict[str, Any] | None) -> None:
+    def close(self, summary: Mapping[str, object] | None) -> None:
         with contextlib.suppress(OSError):
             self._file.close()
 

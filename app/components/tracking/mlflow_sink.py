@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from app.components.tracking import TRACKERS, Tracker
 from app.components.tracking.base import COMPLETED, STOPPED, Sink
@@ -92,19 +92,19 @@ class MlflowSink(Sink):
     def text(self, tag: str, text: str) -> None:
         self._client.log_text(self.run_id, text, f"{tag}.txt")
 
-    def config(self, config: dict[str, Any], plan: dict[str, Any]) -> None:
+    def config(self, config: Mapping[str, object], plan: Mapping[str, object]) -> None:
         from mlflow.entities import Param
 
-        self._client.log_dict(self.run_id, config, "config.json")
+        self._client.log_dict(self.run_id, dict(config), "config.json")
         flat = {**flatten(config), **flatten({"batch_plan": plan})}
         params = [Param(k, str(v)[:PARAM_VALUE_CHARS]) for k, v in flat.items()]
         for i in range(0, len(params), PARAMS_PER_BATCH):
             self._client.log_batch(self.run_id, params=params[i : i + PARAMS_PER_BATCH])
 
-    def close(self, summary: dict[str, Any] | None) -> None:
+    def close(self, summary: Mapping[str, object] | None) -> None:
         status = (summary or {}).get("status")
         if summary:
-            self._client.log_dict(self.run_id, summary, "summary.json")
+            self._client.log_dict(self.run_id, dict(summary), "summary.json")
             self._client.set_tag(self.run_id, "status", str(status))
         state = "FINISHED" if status == COMPLETED else "KILLED" if status in STOPPED else "FAILED"
         self._client.set_terminated(self.run_id, status=state)
@@ -147,10 +147,10 @@ def check_artifact_location(location: str) -> str | None:
     return None
 
 
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(node: object, prefix: str = "") -> dict[str, object]:
     """{"training": {"lr": 1e-3}} -> {"training.lr": 1e-3}: one MLflow param per setting."""
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
+    if isinstance(node, Mapping):
+        out: dict[str, object] = {}
         for key, value in node.items():
             out.update(flatten(value, f"{prefix}{key}."))
         return out

@@ -5,9 +5,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any
 
-from app.components.tracking import TRACKERS, Tracker
+from app.components.tracking import TRACKERS, TrackerKind
 from app.components.tracking.base import Sink
 from app.components.tracking.config import TrackingConfig
 from app.core.errors import ConfigError, first_line
@@ -19,7 +18,7 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def enabled(tracking: TrackingConfig) -> list[Tracker[Any]]:
+def enabled(tracking: TrackingConfig) -> list[TrackerKind]:
     """The trackers asked for."""
     return [t for t in TRACKERS.all() if t.enabled_in(tracking)]
 

@@ -8,16 +8,19 @@ training ended. mode=offline writes under the run dir and needs no account or ne
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Literal
 
 from app.components.tracking import TRACKERS, Tracker
 from app.components.tracking.base import COMPLETED, Sink
 from app.core.errors import ConfigError
 from app.core.fields import one_of
 
-WANDB_MODES = ("offline", "online", "disabled")
+Mode = Literal["offline", "online", "disabled"]
+MODES: dict[str, Mode] = {"offline": "offline", "online": "online", "disabled": "disabled"}
+WANDB_MODES = tuple(MODES)
 
 
 @dataclass
@@ -49,7 +52,7 @@ class WandbSink(Sink):
         self._run = wandb.init(
             project=cfg.project,
             entity=cfg.entity,
-            mode=cast(Any, cfg.mode),  # one of WANDB_MODES, checked; wandb types it a Literal
+            mode=MODES[cfg.mode],  # checked: one of them
             dir=str(directory),
             name=cfg.name or run_name,
             group=cfg.group or group,
@@ -64,17 +67,17 @@ class WandbSink(Sink):
     def text(self, tag: str, text: str) -> None:
         self._run.summary[tag] = text
 
-    def config(self, config: dict[str, Any], plan: dict[str, Any]) -> None:
+    def config(self, config: Mapping[str, object], plan: Mapping[str, object]) -> None:
         self._run.config.update({**config, "batch_plan": plan}, allow_val_change=True)
 
-    def close(self, summary: dict[str, Any] | None) -> None:
+    def close(self, summary: Mapping[str, object] | None) -> None:
         status = (summary or {}).get("status")
         if summary:
             self._run.summary.update({k: v for k, v in summary.items() if _plain(v)})
         self._run.finish(exit_code=0 if status == COMPLETED else 1)
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     return isinstance(value, str | int | float | bool) or value is None
 
 
