@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import sys
 from pathlib import Path
-from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
@@ -26,7 +25,7 @@ from app.core.errors import ConfigError
 
 
 class StartChecks(Callback):
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
         run_dir = Path(str(config.hydra.run.dir))
         job = copy.deepcopy(config)  # Hydra goes on with its own
         with open_dict(job):

@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from app.components.data.config import DataConfig
 from app.components.models.config import ModelConfig
@@ -29,6 +29,11 @@ from app.engine.export import (
 )
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from app.components.data.task_data import TaskData
+    from app.components.tasks.base import Task
     from app.engine.checkpoint import TrainState
 
 
@@ -171,10 +176,7 @@ def run_settings(checkpoint: Path, state: TrainState) -> RunSettings:
             "the model it holds cannot be rebuilt"
         )
     schema = OmegaConf.structured(RunSettings(TaskConfig(), ModelConfig(), DataConfig()))
-    known = {
-        group: {k: v for k, v in (saved.get(group) or {}).items() if k in _names(group)}
-        for group in ("task", "model", "data")
-    }
+    known = {group: _known(saved.get(group), group) for group in ("task", "model", "data")}
     try:
         settings = OmegaConf.to_object(OmegaConf.merge(schema, known))
     except Exception as exc:  # a value of another type than the schema's today
@@ -186,13 +188,23 @@ def run_settings(checkpoint: Path, state: TrainState) -> RunSettings:
     return settings
 
 
+def _known(recorded: object, group: str) -> dict[str, object]:
+    """The recorded settings of `group` that the schema still has (none where it records no
+    mapping for the group)."""
+    if not isinstance(recorded, dict):
+        return {}
+    return {str(k): v for k, v in recorded.items() if k in _names(group)}
+
+
 def _names(group: str) -> set[str]:
     """The settings a group of the schema has today."""
     kind = {"task": TaskConfig, "model": ModelConfig, "data": DataConfig}[group]
     return {f.name for f in dataclasses.fields(kind)}
 
 
-def rebuild(settings: RunSettings, checkpoint: Path, state: TrainState) -> tuple[Any, Any | None]:
+def rebuild(
+    settings: RunSettings, checkpoint: Path, state: TrainState
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase | None]:
     """The checkpoint's model, and the tokenizer it was trained with: its run's saved one when
     the checkpoint's fingerprint matches it, else rebuilt from the data and checked."""
     from app.components.tasks import build_task
@@ -225,7 +237,7 @@ def run_dir_of(checkpoint: Path) -> Path:
     return parent.parent if parent.name == "checkpoints" else parent
 
 
-def run_tokenizer(checkpoint: Path, recorded: Any) -> Any | None:
+def run_tokenizer(checkpoint: Path, recorded: object) -> PreTrainedTokenizerBase | None:
     """The run's saved tokenizer if it is the one the checkpoint records, else None."""
     from transformers import AutoTokenizer
 
@@ -245,7 +257,9 @@ def run_tokenizer(checkpoint: Path, recorded: Any) -> Any | None:
     return tokenizer
 
 
-def model_data(task: Any, data: DataConfig, checkpoint: Path, saved: Any | None) -> Any:
+def model_data(
+    task: Task, data: DataConfig, checkpoint: Path, saved: PreTrainedTokenizerBase | None
+) -> TaskData:
     from app.core.errors import ConfigError
 
     try:
@@ -259,7 +273,9 @@ def model_data(task: Any, data: DataConfig, checkpoint: Path, saved: Any | None)
         ) from None
 
 
-def check_rebuilt(tokenizer: Any | None, recorded: Any, checkpoint: Path) -> None:
+def check_rebuilt(
+    tokenizer: PreTrainedTokenizerBase | None, recorded: object, checkpoint: Path
+) -> None:
     """A tokenizer rebuilt from today's data must be the one the checkpoint was trained with
     (checkpoints from before the fingerprint cannot tell: they are trusted, as they were)."""
     from app.components.data.hf_tokenizer import fingerprint

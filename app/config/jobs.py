@@ -3,8 +3,6 @@ the app's checks. Re-exported by app/hpo.py, the sweeper's one seam."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from omegaconf import DictConfig, OmegaConf
 
 from app.config.budget import ReportAxis, report_axis
@@ -25,7 +23,7 @@ def check_job_config(cfg: DictConfig) -> None:
         load_config(cfg)
 
 
-def report_axis_of(cfg: Any) -> ReportAxis | None:
+def report_axis_of(cfg: object) -> ReportAxis | None:
     """Where a training job's trial reports (steps, or the data seen under a data budget) and
     its budget on that axis: what the pruners place their rungs on. None for another app's
     config. `cfg`: a composed DictConfig, or the app's typed config."""

@@ -4,12 +4,13 @@ rebuilds its model from."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
 
-def saved_run_config(checkpoint: Path, recorded: dict[str, Any] | None) -> dict[str, Any] | None:
+def saved_run_config(
+    checkpoint: Path, recorded: dict[str, object] | None
+) -> dict[str, object] | None:
     """The config the checkpoint records (`recorded`, its TrainState.config), else the one its
     run's .hydra/ holds (checkpoints from before they recorded it); None when neither does."""
     if isinstance(recorded, dict):

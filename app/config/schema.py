@@ -41,7 +41,7 @@ class TrainConfig:
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     hpo: HpoConfig | None = None  # set by hpo=optuna; read by the sweeper and the trial reporter
-    # summary.json key main() returns, or a list of keys for multi-objective studies (Any:
+    # summary.json key main() returns, or a list of keys for multi-objective studies (untyped:
     # OmegaConf types no union of a string and a list; `objective_keys` is the typed value)
     objective: Any = "final_val_loss"
 

@@ -89,7 +89,7 @@ class ResumeFrom:
 @dataclass
 class TrainingConfig:
     """The settings as Hydra takes them. The ones that are a word or a number (OmegaConf types
-    no such union, so they are Any here) are typed once, as the config is built
+    no such union, so their fields take any value) are typed once, as the config is built
     (`__post_init__`, run by load_config): the engine reads `fixed_micro_batch`,
     `eval_micro_batch` and `resume_from`, never the words."""
 
@@ -111,7 +111,8 @@ class TrainingConfig:
     # critical batch size, from the gradients each step already has (app/engine/noise_scale.py).
     noise_scale: bool = False
     # An optimizer of app/components/optim/ (adamw, lion, adafactor) and its own settings, a
-    # mapping of the fields of that optimizer's Args (e.g. {beta2_decay: -0.8} for adafactor).
+    # mapping of the fields of that optimizer's Args (e.g. {beta2_decay: -0.8} for adafactor):
+    # untyped here, since only the optimizer knows its fields; it parses them into its Args.
     optimizer: str = one_of("adamw", _optimizers)
     optimizer_args: Any = None
     # The optimizers here move each weight by about lr per step whatever the gradient's scale:

@@ -13,13 +13,18 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, TypeGuard, TypeVar
 
 from app.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 INF = math.inf
 _BOUND = "bound"
 _CHOICES = "choices"
+T = TypeVar("T")  # a field's default: the field helpers return it as dataclasses.field does
 
 
 @dataclass(frozen=True)
@@ -45,14 +50,14 @@ class Bound:
         right = ")" if self.high_open else "]"
         return f"{kind} in {left}{_num(self.low)}, {_num(self.high)}{right}"
 
-    def check(self, key: str, value: Any) -> None:
+    def check(self, key: str, value: object) -> None:
         if value is None and self.nullable:
             return
         if not self._ok(value):
             null = " or null" if self.nullable else ""
             raise ConfigError(f"{key}={_show(value)} must be {self.allowed()}{null}")
 
-    def _ok(self, value: Any) -> bool:
+    def _ok(self, value: object) -> bool:
         if isinstance(value, bool) or not isinstance(value, int | float):
             return False
         if self.integer and not isinstance(value, int):
@@ -68,42 +73,53 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(x)
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
 Choices = tuple[str, ...] | Callable[[], tuple[str, ...]]
 
 
-def bounded(default: Any, **bound: Any) -> Any:
+class BoundArgs(TypedDict, total=False):
+    """Bound's fields, as `bounded` takes them."""
+
+    low: float
+    high: float
+    low_open: bool
+    high_open: bool
+    integer: bool
+    nullable: bool
+
+
+def bounded(default: T, **bound: Unpack[BoundArgs]) -> T:
     """A numeric field with its range: bounded(1e-3, low=0.0, high=1.0, low_open=True)."""
     return field(default=default, metadata={_BOUND: Bound(**bound)})
 
 
-def positive_int(default: Any, nullable: bool = False) -> Any:
+def positive_int(default: T, nullable: bool = False) -> T:
     return bounded(default, low=1, integer=True, nullable=nullable)
 
 
-def count(default: Any) -> Any:
+def count(default: T) -> T:
     """An integer where 0 means none (or off)."""
     return bounded(default, low=0, integer=True)
 
 
-def fraction(default: Any, low_open: bool = False, high_open: bool = False) -> Any:
+def fraction(default: T, low_open: bool = False, high_open: bool = False) -> T:
     return bounded(default, low=0.0, high=1.0, low_open=low_open, high_open=high_open)
 
 
-def one_of(default: Any, choices: Choices) -> Any:
+def one_of(default: T, choices: Choices) -> T:
     """A named setting: one of `choices` (a tuple, or a function giving the registered names)."""
     return field(default=default, metadata={_CHOICES: choices})
 
 
-def check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+def check_choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
 
 
-def check_fields(config: Any, prefix: str) -> None:
+def check_fields(config: DataclassInstance, prefix: str) -> None:
     """Every bound and choice declared on `config`'s fields, nested configs included, in the
     order the fields are declared."""
     for f in dataclasses.fields(config):
@@ -117,7 +133,7 @@ def check_fields(config: Any, prefix: str) -> None:
             check_fields(value, key)
 
 
-def is_count(value: Any) -> bool:
+def is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -127,7 +143,7 @@ def auto_count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def auto_or_count(key: str, value: Any, low: int, allowed: str, nullable: bool = False) -> None:
+def auto_or_count(key: str, value: object, low: int, allowed: str, nullable: bool = False) -> None:
     """A setting that is `auto` (or null where `nullable`) or an integer >= low."""
     if value == "auto" or (nullable and value is None):
         return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from app.core.errors import ConfigError
 
@@ -58,5 +58,9 @@ class Registry(Generic[T]):
                 importlib.import_module(f"{self.package}.{module.name}")
 
 
-def _name(item: Any) -> str:
-    return str(item.name)
+def _name(item: object) -> str:
+    """A component's `name`: a class attribute of the classes registered, a field of the rest."""
+    name = getattr(item, "name", None)
+    if not isinstance(name, str):
+        raise TypeError(f"{item!r} has no name to register it under")
+    return name
