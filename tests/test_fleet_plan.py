@@ -13,6 +13,7 @@ from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._fleet import ending
 from hydra_plugins.hydratrain_optuna_sweeper._fleet_plan import (
     WORKER_ENV,
+    FleetAsk,
     plan_fleet,
     seeded_for_worker,
 )
@@ -20,34 +21,39 @@ from hydra_plugins.hydratrain_optuna_sweeper._fleet_plan import (
 EIGHT = [str(i) for i in range(8)]
 
 
+def _plan(workers, devices, gpus_per_trial, trials_per_gpu, visible):
+    """hpo.workers, devices, gpus_per_trial and trials_per_gpu as written, on `visible`."""
+    return plan_fleet(FleetAsk.of(workers, devices, gpus_per_trial, trials_per_gpu), visible)
+
+
 def test_auto_is_one_worker_per_visible_gpu_and_one_on_a_cpu_machine():
-    plan = plan_fleet("auto", None, 1, 1, EIGHT)
+    plan = _plan("auto", None, 1, 1, EIGHT)
     assert plan.workers == 8 and plan.devices == tuple((str(i),) for i in range(8))
     assert plan.env(3) == {WORKER_ENV: "3", "CUDA_VISIBLE_DEVICES": "3"}
-    cpu = plan_fleet("auto", None, 1, 1, [])
+    cpu = _plan("auto", None, 1, 1, [])
     assert cpu.workers == 1 and not cpu.is_fleet
 
 
 def test_gpus_per_trial_groups_the_devices_of_each_worker():
-    plan = plan_fleet("auto", None, 2, 1, EIGHT)
+    plan = _plan("auto", None, 2, 1, EIGHT)
     assert plan.workers == 4 and plan.devices[1] == ("2", "3")
     assert plan.env(1)["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
 def test_devices_are_pinned_on_a_machine_without_gpus_too():
-    plan = plan_fleet(2, [0, 1], 1, 1, [])  # the fake device list of the CPU tests
+    plan = _plan(2, [0, 1], 1, 1, [])  # the fake device list of the CPU tests
     assert [plan.env(i)["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["0", "1"]
-    uuids = plan_fleet(2, ["GPU-a", "GPU-b"], 1, 1, [])
+    uuids = _plan(2, ["GPU-a", "GPU-b"], 1, 1, [])
     assert uuids.devices == (("GPU-a",), ("GPU-b",))
 
 
 def test_workers_without_devices_leave_cuda_visible_devices_alone():
-    plan = plan_fleet(3, None, 1, 1, [])
+    plan = _plan(3, None, 1, 1, [])
     assert plan.workers == 3 and all(plan.env(i) == {WORKER_ENV: str(i)} for i in range(3))
 
 
 def test_trials_per_gpu_shares_a_gpu_only_once_every_gpu_has_a_worker():
-    plan = plan_fleet("auto", [0, 1], 1, 2, [])
+    plan = _plan("auto", [0, 1], 1, 2, [])
     assert [d[0] for d in plan.devices] == ["0", "1", "0", "1"]
 
 
@@ -69,7 +75,7 @@ def test_trials_per_gpu_shares_a_gpu_only_once_every_gpu_has_a_worker():
 )
 def test_bad_fleet_settings_are_one_line_naming_the_setting(workers, devices, k, share, message):
     with pytest.raises(SweepConfigError) as err:
-        plan_fleet(workers, devices, k, share, EIGHT)
+        _plan(workers, devices, k, share, EIGHT)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

@@ -22,12 +22,11 @@ from hydra_plugins.hydratrain_optuna_sweeper._samplers import (
     build_pruner,
     build_sampler,
     pruner_defaults,
-    sampler_node,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._settings import (
     SEARCH_SPACE_DEPRECATED,
     Liveness,
-    StockKeys,
+    StockOptions,
     read_hpo,
     read_settings,
 )
@@ -49,7 +48,7 @@ from hydra_plugins.hydratrain_optuna_sweeper._study import (
 )
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-HPO_NODE = StockKeys(stock_node=False)  # hpo=optuna's node: every stock key unset
+HPO_NODE = StockOptions(stock_node=False)  # hpo=optuna's node: every stock key unset
 
 
 def _hpo(**over):
@@ -57,7 +56,7 @@ def _hpo(**over):
     return OmegaConf.create({**base, **over})
 
 
-def _settings(stock: StockKeys = HPO_NODE, **over):
+def _settings(stock: StockOptions = HPO_NODE, **over):
     return read_settings(stock, _hpo(**over), "/tmp/sweep")
 
 
@@ -118,9 +117,11 @@ def test_reversed_interval_names_the_setting_and_the_values():
 
 def test_own_params_replace_the_default_space_and_null_drops_a_key():
     hpo = {"params": {"training.lr": "interval(0.1, 0.2)", "training.wd": "choice(0, 1)"}}
-    own = read_settings(StockKeys(False, params={"training.bs": "choice(8, 16)"}), _hpo(**hpo), "")
+    own = read_settings(
+        StockOptions(False, {"params": {"training.bs": "choice(8, 16)"}}), _hpo(**hpo), ""
+    )
     assert [p for _, p in own.space_sources] == ["hydra.sweeper.params"]
-    drop = read_settings(StockKeys(False, params={"training.wd": None}), _hpo(**hpo), "")
+    drop = read_settings(StockOptions(False, {"params": {"training.wd": None}}), _hpo(**hpo), "")
     entries = [e for m, p in drop.space_sources for e in _entries(m, p)]
     assert list(parse_space(entries).distributions) == ["training.lr"]
 
@@ -182,7 +183,7 @@ def test_legacy_search_space_alone_is_the_space_with_the_stock_deprecation_warni
 
     hpo = _hpo(params={"training.lr": "interval(0.1, 0.2)"})  # replaced, as by own params
     with pytest.warns(UserWarning, match=re.escape(SEARCH_SPACE_DEPRECATED)):
-        s = read_settings(StockKeys(stock_node, search_space=LEGACY), hpo, "")
+        s = read_settings(StockOptions(stock_node, {"search_space": LEGACY}), hpo, "")
     assert s.search_space == LEGACY and s.space_sources == []
     # as stock: the command line adds to it, replaces a key, or fixes one
     space = space_of(s, ["y=choice(1, 2)", "x=3"])
@@ -192,7 +193,7 @@ def test_legacy_search_space_alone_is_the_space_with_the_stock_deprecation_warni
 
 
 def test_legacy_search_space_beside_params_is_ignored_with_the_stock_warning():
-    stock = StockKeys(True, params={"y": "choice(1, 2)"}, search_space=LEGACY)
+    stock = StockOptions(True, {"params": {"y": "choice(1, 2)"}, "search_space": LEGACY})
     ignored = (  # hydra-optuna-sweeper 1.3.0's words
         "Both hydra.sweeper.params and hydra.sweeper.search_space are configured.\n"
         "Hydra will use hydra.sweeper.params for defining search space.\n"
@@ -208,7 +209,7 @@ def test_legacy_search_space_beside_params_is_ignored_with_the_stock_warning():
 def test_deprecation_warnings_as_errors_make_the_legacy_node_one_line(monkeypatch):
     monkeypatch.setenv("HYDRA_DEPRECATION_WARNINGS_AS_ERRORS", "1")
     with pytest.raises(SweepConfigError) as err:
-        read_settings(StockKeys(True, search_space=LEGACY), None, "")
+        read_settings(StockOptions(True, {"search_space": LEGACY}), None, "")
     assert str(err.value) == (
         "hydra.sweeper.search_space: `hydra.sweeper.search_space` is deprecated and will be "
         "removed in the next major release."
@@ -296,7 +297,9 @@ def test_a_pruner_argument_optuna_refuses_is_one_line():
 
 
 def test_stock_keys_take_precedence_with_their_stock_meaning():
-    stock = StockKeys(False, n_trials=9, sampler={"_target_": "optuna.samplers.RandomSampler"})
+    stock = StockOptions.of(
+        {"n_trials": 9, "sampler": {"_target_": "optuna.samplers.RandomSampler"}}, stock_node=False
+    )
     s = _settings(stock, n_trials=4)
     assert s.budget.n_trials == 9 and s.budget.per_run  # 9 more trials per run
     assert s.sampler_key == "hydra.sweeper.sampler"
@@ -304,12 +307,14 @@ def test_stock_keys_take_precedence_with_their_stock_meaning():
 
 
 def test_the_stock_node_means_in_memory_and_a_fresh_study():
-    s = read_settings(StockKeys(True, n_trials=20, direction="minimize"), None, "/tmp/sweep")
+    s = read_settings(
+        StockOptions(True, {"n_trials": 20, "direction": "minimize"}), None, "/tmp/sweep"
+    )
     assert s.storage.kind == "memory" and s.study_name is None and s.metrics is None
 
 
 def _build(name: str, **over):
-    node = sampler_node(None, read_hpo(_hpo(sampler=name, **over)))
+    node = _settings(sampler=name, **over).sampler
     grid = {"x": [1, 2, 3]}
     return build_sampler(node, "hpo.sampler", lambda: grid, 1, oom=True)
 
@@ -333,7 +338,7 @@ def test_a_field_this_optuna_lacks_is_one_line():
 
 
 def test_cmaes_refuses_several_objectives():
-    node = sampler_node(None, read_hpo(_hpo(sampler="cmaes")))
+    node = _settings(sampler="cmaes").sampler
     with pytest.raises(SweepConfigError, match="CmaEsSampler optimizes one objective"):
         build_sampler(node, "hpo.sampler", dict, 2, oom=False)
 
@@ -595,3 +600,40 @@ def test_an_accuracy_study_prunes_the_low_accuracy_trial_not_the_high_one(tmp_pa
     assert not build_reporter(*_job(trial_number=high.number, **over)).report(
         5, {"val_loss": 9.0, "val_accuracy": 0.95}
     )
+
+
+def test_both_sweeper_nodes_are_made_from_the_one_table_of_stock_keys():
+    """hydra/sweeper=optuna has the stock plugin's keys and defaults (its 1.3.0 config.py);
+    hydra/sweeper=hydratrain_optuna the same keys, unset; each row maps onto a real hpo.*."""
+    import dataclasses
+
+    from app.config.hpo import HpoConfig
+    from hydra_plugins.hydratrain_optuna_sweeper.config import (
+        STOCK_KEYS,
+        HydratrainOptunaSweeperConf,
+        OptunaSweeperConf,
+    )
+
+    stock = OmegaConf.structured(OptunaSweeperConf)
+    ours = OmegaConf.structured(HydratrainOptunaSweeperConf)
+    names = [k.name for k in STOCK_KEYS]
+    assert [k for k in stock if not k.startswith("_") and k != "defaults"] == names
+    assert OmegaConf.to_container(stock, throw_on_missing=False) == {
+        "_target_": "hydra_plugins.hydratrain_optuna_sweeper.optuna_sweeper.OptunaSweeper",
+        "defaults": [{"sampler": "tpe"}],
+        "_recursive_": False,
+        "sampler": "???",
+        "direction": "minimize",
+        "storage": None,
+        "study_name": None,
+        "n_trials": 20,
+        "n_jobs": 2,
+        "max_failure_rate": 0.0,
+        "params": None,
+        "custom_search_space": None,
+        "search_space": None,
+    }
+    assert ours.defaults == ["_self_", {"sampler": None}] and not ours._recursive_
+    assert all(ours[name] is None for name in names)
+    hpo = {f"hpo.{f.name}" for f in dataclasses.fields(HpoConfig)}
+    assert {k.setting for k in STOCK_KEYS} - {None} <= hpo

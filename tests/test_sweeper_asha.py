@@ -289,10 +289,10 @@ def test_a_paused_trial_outlives_its_worker_and_another_worker_promotes_it(tmp_p
 
 def test_asha_refuses_a_job_config_that_cannot_resume_in_one_line():
     from hydra_plugins.hydratrain_optuna_sweeper._checks import check_objectives
-    from hydra_plugins.hydratrain_optuna_sweeper._settings import StockKeys, read_settings
+    from hydra_plugins.hydratrain_optuna_sweeper._settings import StockOptions, read_settings
 
     node = OmegaConf.create({"n_trials": 3, "pruner": "asha"})
-    s = read_settings(StockKeys(stock_node=False), node, "/tmp/sweep")
+    s = read_settings(StockOptions(stock_node=False), node, "/tmp/sweep")
     check_objectives(OmegaConf.create({"training": {"resume": None}}), s)  # resumable: fine
     with pytest.raises(SweepConfigError, match=r"^hpo\.pruner=asha .* no training\.resume") as e:
         check_objectives(OmegaConf.create({"training": {"max_steps": 20}}), s)
@@ -419,11 +419,11 @@ def test_a_running_promotion_leaves_the_paused_result_as_the_lines_one_observati
 def test_an_asha_study_hands_its_sampler_one_observation_per_line(pruner, wrapped):
     from hydra_plugins.hydratrain_optuna_sweeper._impl import _sampler
     from hydra_plugins.hydratrain_optuna_sweeper._line_sampler import LineSampler, unwrapped
-    from hydra_plugins.hydratrain_optuna_sweeper._settings import StockKeys, read_settings
+    from hydra_plugins.hydratrain_optuna_sweeper._settings import StockOptions, read_settings
     from hydra_plugins.hydratrain_optuna_sweeper._space import Entry, parse_space
 
     node = OmegaConf.create({"n_trials": 3, "pruner": pruner})
-    s = read_settings(StockKeys(stock_node=False), node, "/tmp/sweep")
+    s = read_settings(StockOptions(stock_node=False), node, "/tmp/sweep")
     sampler = _sampler(s, parse_space([Entry("p", "x=interval(0.0, 1.0)")]))
     assert isinstance(sampler, LineSampler) is wrapped
     assert isinstance(unwrapped(sampler), optuna.samplers.TPESampler)  # the user's, inside

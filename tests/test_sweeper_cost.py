@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from hydra_plugins.hydratrain_optuna_sweeper._cost import CostCap
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._lineage import root
-from hydra_plugins.hydratrain_optuna_sweeper._settings import Liveness, StockKeys, read_settings
+from hydra_plugins.hydratrain_optuna_sweeper._settings import Liveness, StockOptions, read_settings
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 from hydra_plugins.hydratrain_optuna_sweeper._study import StudyBudget
 
@@ -58,7 +58,7 @@ def test_the_device_seconds_cap_is_shared_by_the_workers_of_a_study(tmp_path):
 def test_a_bad_budget_s_is_one_line_naming_it(value):
     node = OmegaConf.create({"n_trials": 4, "budget_s": value})
     with pytest.raises(SweepConfigError, match=r"^hpo\.budget_s") as err:
-        read_settings(StockKeys(stock_node=False), node, "/tmp/sweep")
+        read_settings(StockOptions(stock_node=False), node, "/tmp/sweep")
     assert "\n" not in str(err.value)
 
 
@@ -110,7 +110,7 @@ def test_the_cost_objective_of_a_promoted_trial_is_its_whole_lines(tmp_path):
 
 @pytest.mark.slow
 def test_the_real_trainer_records_its_device_seconds_and_a_study_can_minimize_them(tmp_path):
-    import json
+    from app.engine.summary import Summary
 
     args = [
         "hpo=optuna",
@@ -145,8 +145,8 @@ def test_the_real_trainer_records_its_device_seconds_and_a_study_can_minimize_th
     study = optuna.load_study(study_name="t", storage=journal(str(tmp_path / "study.journal")))
     assert [d.name for d in study.directions] == ["MINIMIZE", "MINIMIZE"]
     for t in study.get_trials():
-        summary = json.loads(Path(t.user_attrs["run_dir"], "summary.json").read_text())
-        busy = summary["train_time_s"] + summary["eval_time_s"]
-        assert summary["device_seconds"] == pytest.approx(busy * summary["world_size"])
-        assert t.user_attrs["device_seconds"] == summary["device_seconds"] > 0
-        assert t.values[1] == summary["device_seconds"]
+        summary = Summary.read(t.user_attrs["run_dir"])
+        busy = summary.train_time_s + summary.eval_time_s
+        assert summary.device_seconds == pytest.approx(busy * summary.world_size)
+        assert t.user_attrs["device_seconds"] == summary.device_seconds > 0
+        assert t.values[1] == summary.device_seconds

@@ -4,15 +4,13 @@ a tiny CPU model, and the composition they rest on."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import optuna
 import pytest
 from omegaconf import OmegaConf
 
+from app.engine.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._checks import check_objectives
-from hydra_plugins.hydratrain_optuna_sweeper._settings import StockKeys, read_settings
+from hydra_plugins.hydratrain_optuna_sweeper._settings import StockOptions, read_settings
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 from tests.conftest import compose, run_cli
 
@@ -53,7 +51,7 @@ def test_a_null_direction_is_the_metrics_own(metric, direction, expected):
     over = ["hpo=optuna", f"hpo.metric={metric}"]
     over += [f"hpo.direction={direction}"] if direction else []
     cfg = compose(over)
-    s = read_settings(StockKeys(stock_node=False), cfg.hpo, "/tmp/sweep")
+    s = read_settings(StockOptions(stock_node=False), cfg.hpo, "/tmp/sweep")
     check_objectives(cfg, s)
     assert s.directions == [expected]
 
@@ -86,8 +84,8 @@ def test_each_trial_value_is_the_metric_asked_for(metric, extra, direction, tmp_
     trials = study.get_trials()
     assert len(trials) == 2
     for t in trials:
-        summary = json.loads(Path(t.user_attrs["run_dir"], "summary.json").read_text())
-        assert t.value == pytest.approx(summary[metric], rel=1e-12), (metric, t.value)
+        summary = Summary.read(t.user_attrs["run_dir"])
+        assert t.value == pytest.approx(summary.value(metric), rel=1e-12), (metric, t.value)
     results = OmegaConf.load(tmp_path / "multirun" / "optimization_results.yaml")
     best = max if direction == "MAXIMIZE" else min
     assert results.best_value == best(t.value for t in trials)

@@ -15,7 +15,6 @@ With one objective the study is its own judge: `Judge` hides the difference.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
@@ -33,7 +32,9 @@ def companion_name(study_name: str, metric: str) -> str:
     return f"{study_name}:{metric}"
 
 
-def open_companion(main: optuna.Study, metric: str, direction: str, pruner: Any) -> optuna.Study:
+def open_companion(
+    main: optuna.Study, metric: str, direction: str, pruner: optuna.pruners.BasePruner
+) -> optuna.Study:
     """The companion study of `main` (created once), with `pruner` to judge its reports."""
     return optuna.create_study(
         study_name=companion_name(main.study_name, metric),
@@ -45,7 +46,9 @@ def open_companion(main: optuna.Study, metric: str, direction: str, pruner: Any)
     )
 
 
-def load_companion(main: optuna.Study, metric: str, pruner: Any) -> optuna.Study:
+def load_companion(
+    main: optuna.Study, metric: str, pruner: optuna.pruners.BasePruner
+) -> optuna.Study:
     """The companion, from a job's process (it exists: the worker made it)."""
     return optuna.load_study(
         study_name=companion_name(main.study_name, metric),

@@ -17,7 +17,6 @@ import copy
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
 
 from omegaconf import DictConfig
 
@@ -52,14 +51,34 @@ class FleetPlan:
         return f"{self.workers} workers (devices {per}){ranks}"
 
 
-def plan_fleet(
-    workers: Any, devices: Any, gpus_per_trial: Any, trials_per_gpu: Any, visible: list[str]
-) -> FleetPlan:
-    """hpo.workers, hpo.devices, hpo.gpus_per_trial and hpo.trials_per_gpu, checked, with the
-    GPUs this machine shows (`visible`) -> the fleet. Bad values raise SweepConfigError."""
-    k = _positive_int(gpus_per_trial, "hpo.gpus_per_trial")
-    share = _positive_int(trials_per_gpu, "hpo.trials_per_gpu")
-    pool = _device_list(devices) if devices is not None else list(visible)
+@dataclass(frozen=True)
+class FleetAsk:
+    """What hpo.workers, devices, gpus_per_trial and trials_per_gpu ask for, each checked
+    (`plan_fleet` fits them to the machine)."""
+
+    workers: int | None = 1  # None: auto, one per seat of the devices (1 without a GPU)
+    devices: tuple[str, ...] | None = None  # None: the visible GPUs
+    gpus_per_trial: int = 1
+    trials_per_gpu: int = 1
+
+    @classmethod
+    def of(
+        cls, workers: object, devices: object, gpus_per_trial: object, trials_per_gpu: object
+    ) -> FleetAsk:
+        """The settings as written (hpo.workers is a number or auto, hpo.devices null or a
+        list); a bad one raises SweepConfigError naming it."""
+        k = _positive_int(gpus_per_trial, "hpo.gpus_per_trial")
+        share = _positive_int(trials_per_gpu, "hpo.trials_per_gpu")
+        pool = None if devices is None else _device_list(devices)
+        n = None if workers == "auto" else _positive_int(workers, "hpo.workers", also="auto")
+        return cls(n, pool, k, share)
+
+
+def plan_fleet(ask: FleetAsk, visible: list[str]) -> FleetPlan:
+    """The fleet `ask` asks for on the GPUs this machine shows (`visible`); one the devices
+    cannot seat raises SweepConfigError."""
+    k, share = ask.gpus_per_trial, ask.trials_per_gpu
+    pool = list(visible if ask.devices is None else ask.devices)
     if pool and len(pool) % k:
         raise SweepConfigError(
             f"hpo.devices={pool} cannot be split into groups of hpo.gpus_per_trial={k}; "
@@ -67,7 +86,7 @@ def plan_fleet(
         )
     groups = [tuple(pool[i : i + k]) for i in range(0, len(pool), k)]
     seats = len(groups) * share  # a group serves `share` workers
-    n = _workers(workers, seats)
+    n = max(1, seats) if ask.workers is None else ask.workers
     if groups and n > seats:
         raise SweepConfigError(
             f"hpo.workers={n} is more than the devices {pool} seat: groups of "
@@ -79,31 +98,28 @@ def plan_fleet(
     return FleetPlan(n, assigned, k)
 
 
-def _workers(value: Any, seats: int) -> int:
-    if value == "auto":
-        return max(1, seats)
-    return _positive_int(value, "hpo.workers", also="auto")
-
-
-def _positive_int(value: Any, key: str, also: str = "") -> int:
+def _positive_int(value: object, key: str, also: str = "") -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     allowed = f"{also} or a positive integer" if also else "a positive integer"
     raise SweepConfigError(f"{key}={value!r} is not allowed; allowed: {allowed}")
 
 
-def _device_list(value: Any) -> list[str]:
+def _device_list(value: object) -> tuple[str, ...]:
     items = list(value) if isinstance(value, list | tuple) else None
-    ok = items is not None and all(_device_name(d) for d in items)
-    if not ok or not items or len(set(map(str, items))) != len(items):
+    if (
+        not items
+        or not all(_device_name(d) for d in items)
+        or len(set(map(str, items))) != len(items)
+    ):
         raise SweepConfigError(
             f"hpo.devices={value!r} is not allowed; allowed: null (the visible GPUs) or a list "
             "of distinct device indices or UUIDs, e.g. [0,1]"
         )
-    return [str(d) for d in items]
+    return tuple(str(d) for d in items)
 
 
-def _device_name(d: Any) -> bool:
+def _device_name(d: object) -> bool:
     if isinstance(d, bool):
         return False
     if isinstance(d, int):
@@ -131,7 +147,7 @@ class WorkerIdentity:
             devices=os.environ.get(DEVICES_ENV),
         )
 
-    def attrs(self) -> dict[str, Any]:
+    def attrs(self) -> dict[str, str | int | None]:
         return {
             "worker": self.worker,
             "host": self.host,

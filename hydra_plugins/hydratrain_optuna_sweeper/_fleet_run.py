@@ -82,7 +82,7 @@ def plan_fleet_of(
     # A launcher's jobs run on the nodes it picks, with the devices it gives them: this
     # node's GPUs say nothing about theirs (hpo.devices, when set, pins them all the same).
     visible = visible_gpus() if runs_here(config) else []
-    plan = plan_fleet(ask.workers, ask.devices, ask.gpus_per_trial, ask.trials_per_gpu, visible)
+    plan = plan_fleet(ask, visible)
     check_ranked_trials(ask.gpus_per_trial, s)
     if not plan.is_fleet or fleet_worker():
         return None

@@ -11,11 +11,13 @@ import contextlib
 import logging
 import sys
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import optuna
 from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, read_write
@@ -32,7 +34,7 @@ from ._line_sampler import LineSampler, unwrapped
 from ._report import describe, write_sweep_report
 from ._results import check_completed
 from ._samplers import EvalSchedule, build_pruner, build_sampler, grid_size
-from ._settings import StockKeys, SweepSettings, read_settings
+from ._settings import StockOptions, SweepSettings, read_settings
 from ._space import (
     Entry,
     SearchSpace,
@@ -51,12 +53,12 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 
 
 class OptunaSweeperImpl(Sweeper):
-    def __init__(self, options: dict[str, Any], stock_node: bool) -> None:
+    def __init__(self, options: Mapping[str, object], stock_node: bool) -> None:
         self.options = dict(options)
         self.stock_node = stock_node
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
-        self.launcher: Any = None
+        self.launcher: Launcher | None = None
         self.task_function: TaskFunction | None = None
         self.fleet: Fleet | None = None  # set by _plan when hpo.workers starts workers here
         self.mask = Masker()  # every password the sweep holds, once its settings are read
@@ -99,9 +101,9 @@ class OptunaSweeperImpl(Sweeper):
             raise SystemExit(status)
 
     def _plan(self, arguments: list[str]) -> Plan:
-        assert self.config is not None
+        assert self.config is not None and self.launcher is not None
         sweep_dir = str(self.config.hydra.sweep.dir)
-        stock = StockKeys.of(self.options, self.stock_node)
+        stock = StockOptions.of(self.options, self.stock_node)
         s = read_settings(stock, self.config.get("hpo"), sweep_dir)
         self.mask = _masker(self.config, s)
         space = _space(s, arguments)
@@ -174,7 +176,12 @@ class OptunaSweeperImpl(Sweeper):
         assert self.hydra_context is not None and self.config is not None
         return self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
 
-    def _open_study(self, s: SweepSettings, sampler: Any, pruner: Any) -> optuna.Study:
+    def _open_study(
+        self,
+        s: SweepSettings,
+        sampler: optuna.samplers.BaseSampler,
+        pruner: optuna.pruners.BasePruner,
+    ) -> optuna.Study:
         storage = open_storage(s.storage, self.mask)
         directions: list[Literal["minimize", "maximize"]] = [
             "maximize" if d == "maximize" else "minimize" for d in s.directions
@@ -223,7 +230,7 @@ def _sampler(s: SweepSettings, space: SearchSpace) -> optuna.samplers.BaseSample
     return sampler
 
 
-def _judge(study: optuna.Study, s: SweepSettings, pruner: Any) -> Judge:
+def _judge(study: optuna.Study, s: SweepSettings, pruner: optuna.pruners.BasePruner) -> Judge:
     """Several objectives with a pruner: the companion study judges hpo.report_metric."""
     if not (s.multi_objective and s.reports and s.pruner != "none"):
         return Judge(study)

@@ -12,14 +12,15 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import optuna
 from omegaconf import DictConfig, OmegaConf
+from optuna.trial import FrozenTrial
 
-from app.hpo import HpoConfig, report_axis_of
+from app.hpo import report_axis_of
 
 from ._errors import SweepConfigError, first_line
+from ._space import Grid
 from .config import MOTPE_REMOVED, SAMPLERS
 
 ALIASES = {"nsga2": "nsgaii"}  # our earlier name
@@ -40,7 +41,7 @@ class EvalSchedule:
     unit: str = "steps"
 
     @classmethod
-    def of(cls, cfg: Any) -> EvalSchedule | None:
+    def of(cls, cfg: object) -> EvalSchedule | None:
         """From a trial's config (composed, or typed by the app); None where it has no
         training node."""
         if cfg is None:
@@ -67,8 +68,8 @@ def first_rung(schedule: EvalSchedule, fraction_of: int) -> int:
 
 
 def pruner_defaults(
-    name: str, schedule: EvalSchedule | None, args: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+    name: str, schedule: EvalSchedule | None, args: Mapping[str, object] | None = None
+) -> dict[str, int]:
     """The arguments of each pruner that hpo.pruner_args (`args`) does not set.
 
     Step 0 is the untrained model, the same for every trial of one seed: never judged.
@@ -83,7 +84,7 @@ def pruner_defaults(
     if name not in ("successive_halving", "asha", "hyperband"):
         return {}
     factor = reduction_factor(args or {})
-    out: dict[str, Any] = {"reduction_factor": factor}
+    out = {"reduction_factor": factor}
     if schedule is None:
         return out
     if name == "successive_halving":
@@ -98,7 +99,7 @@ def pruner_defaults(
     }
 
 
-def reduction_factor(args: Mapping[str, Any]) -> int:
+def reduction_factor(args: Mapping[str, object]) -> int:
     """hpo.pruner_args.reduction_factor, checked here: the first rung is computed from it."""
     factor = args.get("reduction_factor", REDUCTION_FACTOR)
     if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
@@ -108,31 +109,34 @@ def reduction_factor(args: Mapping[str, Any]) -> int:
     return factor
 
 
-def sampler_node(stock_sampler: Any, h: HpoConfig) -> DictConfig:
-    """The sampler's config node: hydra.sweeper.sampler when set, else built from hpo.*."""
+def sampler_node(
+    stock_sampler: object, sampler: str, args: Mapping[str, object], seed: int | None
+) -> DictConfig:
+    """The sampler's config node: hydra.sweeper.sampler when set, else hpo.sampler with
+    hpo.sampler_args (`args`) as its fields and hpo.seed as its seed."""
     if stock_sampler is not None:
         return OmegaConf.create(_plain(stock_sampler))
-    name = ALIASES.get(h.sampler, h.sampler)
+    name = ALIASES.get(sampler, sampler)
     if name not in SAMPLERS:
         allowed = ", ".join(sorted(n for n in SAMPLERS if n != "motpe"))
-        raise SweepConfigError(
-            f"hpo.sampler={h.sampler!r} is not allowed; choose one of: {allowed}"
-        )
+        raise SweepConfigError(f"hpo.sampler={sampler!r} is not allowed; choose one of: {allowed}")
     node = OmegaConf.structured(SAMPLERS[name])
     fields = {f.name for f in dataclasses.fields(SAMPLERS[name])}
-    for key, value in h.sampler_args.items():
+    for key, value in args.items():
         if key not in fields or key.startswith("_"):
             known = ", ".join(sorted(f for f in fields if not f.startswith("_")))
             raise SweepConfigError(
                 f"hpo.sampler_args.{key}: no such field of the {name} sampler; known: {known}"
             )
         node[key] = value
-    if "seed" in fields and "seed" not in h.sampler_args:
-        node.seed = h.seed
+    if "seed" in fields and "seed" not in args:
+        node.seed = seed
     return node
 
 
-def build_sampler(node: DictConfig, key: str, grid: Any, n_objectives: int, oom: bool) -> Any:
+def build_sampler(
+    node: DictConfig, key: str, grid: Callable[[], Grid], n_objectives: int, oom: bool
+) -> optuna.samplers.BaseSampler:
     """The sampler; `grid()` gives GridSampler its values. `oom`: avoid trials that ran out of
     memory (Optuna 4.x reads that from the sampler's constraints_func)."""
     plain = _plain(node)
@@ -147,13 +151,13 @@ def build_sampler(node: DictConfig, key: str, grid: Any, n_objectives: int, oom:
         raise SweepConfigError(
             f"{key}: CmaEsSampler optimizes one objective, this study has {n_objectives}"
         )
-    passthrough = {}
+    passthrough: dict[str, Callable[[FrozenTrial], list[float]]] = {}
     if oom and not TRIAL_CONSTRAINTS and "constraints_func" in _parameters(cls):
         passthrough["constraints_func"] = oom_constraint
     return _instantiate(cls, target, _effective(cls, kwargs, key), passthrough, key)
 
 
-def _sampler_class(target: str, key: str) -> type:
+def _sampler_class(target: str, key: str) -> type[optuna.samplers.BaseSampler]:
     from hydra.utils import get_class
 
     try:
@@ -171,7 +175,7 @@ def _parameters(cls: type) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(cls).parameters)
 
 
-def _effective(cls: type, kwargs: dict[str, Any], key: str) -> dict[str, Any]:
+def _effective(cls: type, kwargs: dict[str, object], key: str) -> dict[str, object]:
     """The fields to pass: set, known to this Optuna, and not the sampler's own default."""
     params = _parameters(cls)
     out = {}
@@ -193,7 +197,7 @@ def _effective(cls: type, kwargs: dict[str, Any], key: str) -> dict[str, Any]:
     return out
 
 
-def _stock_default(cls: type, name: str) -> Any:
+def _stock_default(cls: type, name: str) -> object:
     """The stock sampler config's default for `name`, or a value no user setting equals."""
     target = f"{cls.__module__.split('._')[0]}.{cls.__name__}"  # optuna.samplers.TPESampler
     for config in SAMPLERS.values():
@@ -207,23 +211,34 @@ def _stock_default(cls: type, name: str) -> Any:
 _NO_DEFAULT = object()
 
 
-def _instantiate(cls: type, target: str, kwargs: dict, passthrough: dict, key: str) -> Any:
+def _instantiate(
+    cls: type[optuna.samplers.BaseSampler],
+    target: str,
+    kwargs: dict[str, object],
+    passthrough: Mapping[str, object],
+    key: str,
+) -> optuna.samplers.BaseSampler:
     from hydra.utils import instantiate
 
     try:
-        return instantiate({"_target_": target, "_convert_": "all", **kwargs}, **passthrough)
+        sampler = instantiate({"_target_": target, "_convert_": "all", **kwargs}, **passthrough)
     except Exception as e:
         cause = e.__cause__ or e
         raise SweepConfigError(
             f"{key}: {cls.__name__}({kwargs}) failed: {first_line(cause)}"
         ) from None
+    return sampler
 
 
-def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+def _plain(node: object) -> dict[str, object]:
+    """A sampler config (a node or a mapping) as a plain dict."""
+    plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    if not isinstance(plain, Mapping):
+        raise SweepConfigError(f"hydra.sweeper.sampler={plain!r} must be a sampler config")
+    return {str(k): v for k, v in plain.items()}
 
 
-def oom_constraint(trial: Any) -> list[float]:
+def oom_constraint(trial: FrozenTrial) -> list[float]:
     """Optuna 4.x constraint: > 0 (violated) for trials that ran out of memory. TPE, GP and
     NSGA-II rank infeasible trials below feasible ones, so the sampler avoids what does not fit."""
     return [1.0 if trial.user_attrs.get("reason") == "oom" else 0.0]
@@ -232,15 +247,15 @@ def oom_constraint(trial: Any) -> list[float]:
 TRIAL_CONSTRAINTS = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5
 
 
-def record_oom_constraint(trial: Any, oom: bool) -> None:
+def record_oom_constraint(trial: optuna.Trial, oom: bool) -> None:
     """Optuna >= 5: mark the trial feasible (0) or not (1, it ran out of memory)."""
     if TRIAL_CONSTRAINTS:
         trial.set_constraint("oom", 1.0 if oom else 0.0)
 
 
 def build_pruner(
-    name: str, args: dict[str, Any], n_objectives: int, schedule: EvalSchedule | None = None
-) -> Any:
+    name: str, args: Mapping[str, object], n_objectives: int, schedule: EvalSchedule | None = None
+) -> optuna.pruners.BasePruner:
     """The study's pruner. Several objectives: none here (Optuna cannot prune them); the
     pruning companion (`_companion.py`) gets this pruner built for one."""
     if n_objectives > 1 or name == "none":
@@ -263,5 +278,5 @@ def build_pruner(
         raise SweepConfigError(f"hpo.pruner_args={args} do not fit {name_}: {e}") from None
 
 
-def grid_size(grid: dict[str, list[Any]]) -> int:
+def grid_size(grid: Grid) -> int:
     return math.prod(len(v) for v in grid.values())

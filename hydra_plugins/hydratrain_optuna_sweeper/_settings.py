@@ -14,7 +14,6 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from hydra.errors import HydraDeprecationError
 from omegaconf import DictConfig, OmegaConf
@@ -23,22 +22,12 @@ from app.hpo import BatchSizeStudyConfig, HpoConfig
 
 from . import _private as private
 from ._errors import SweepConfigError, first_line
+from ._fleet_plan import FleetAsk
 from ._storage import StorageSpec, storage_spec
+from .config import STOCK_KEYS
 
 DIRECTIONS = ("minimize", "maximize")
 PRUNERS = ("median", "successive_halving", "asha", "hyperband", "none")
-STOCK_KEYS = (
-    "sampler",
-    "direction",
-    "storage",
-    "study_name",
-    "n_trials",
-    "n_jobs",
-    "max_failure_rate",
-    "params",
-    "custom_search_space",
-    "search_space",
-)
 # The stock sweeper's words, as its last release (1.3.0) says them about its legacy node.
 SEARCH_SPACE_URL = "https://hydra.cc/docs/upgrades/1.1_to_1.2/changes_to_sweeper_config/"
 SEARCH_SPACE_DEPRECATED = (
@@ -49,40 +38,38 @@ SEARCH_SPACE_IGNORED = (
     "Both hydra.sweeper.params and hydra.sweeper.search_space are configured."
     f"\nHydra will use hydra.sweeper.params for defining search space.\n{SEARCH_SPACE_URL}"
 )
+_ROWS = {k.name: k for k in STOCK_KEYS}
 
 
 @dataclass(frozen=True)
-class StockKeys:
-    """`hydra.sweeper.*` as composed. None is unset, except that the stock node's null
-    `storage` and `study_name` mean "in memory" and "a fresh study", as they do there."""
+class StockOptions:
+    """`hydra.sweeper.*` as composed, by the names of `config.STOCK_KEYS`: only the keys that
+    are set. An unset one leaves its `hpo.*` setting in charge, except that the stock node's
+    null `storage` and `study_name` mean "in memory" and "a fresh study", as they do there."""
 
     stock_node: bool
-    sampler: Any = None
-    direction: Any = None
-    storage: Any = None
-    study_name: str | None = None
-    n_trials: int | None = None
-    n_jobs: int | None = None
-    max_failure_rate: float | None = None
-    params: Any = None
-    custom_search_space: str | None = None
-    search_space: Any = None  # the stock sweeper's legacy node: {key: {type, low, high, ...}}
+    values: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, options: Mapping[str, Any], stock_node: bool) -> StockKeys:
-        unknown = sorted(set(options) - set(STOCK_KEYS))
+    def of(cls, options: Mapping[str, object], stock_node: bool) -> StockOptions:
+        unknown = sorted(set(options) - set(_ROWS))
         if unknown:
             raise SweepConfigError(
-                f"hydra.sweeper.{unknown[0]}: no such setting; known keys: {', '.join(STOCK_KEYS)}"
+                f"hydra.sweeper.{unknown[0]}: no such setting; known keys: {', '.join(_ROWS)}"
             )
-        return cls(stock_node=stock_node, **{k: options.get(k) for k in STOCK_KEYS})
+        return cls(stock_node, {k: v for k, v in options.items() if v is not None})
 
-    def pick(self, key: str, hpo_value: Any, hpo_key: str) -> tuple[Any, str]:
-        """(value, the setting it came from): the stock key when set, else ours."""
-        value = getattr(self, key)
+    def get(self, name: str) -> object:
+        """hydra.sweeper.`name` when set, else None; `name` is a row of the table."""
+        return self.values.get(_ROWS[name].name)
+
+    def pick(self, name: str, ours: object) -> tuple[object, str]:
+        """(value, the setting it came from): the stock key when set, else the hpo.* setting
+        the table maps it onto, whose value is `ours`."""
+        value = self.get(name)
         if value is not None:
-            return value, f"hydra.sweeper.{key}"
-        return hpo_value, hpo_key
+            return value, f"hydra.sweeper.{name}"
+        return ours, f"{_ROWS[name].setting}"
 
 
 @dataclass(frozen=True)
@@ -111,17 +98,6 @@ class Liveness:
     poll_interval: float
 
 
-@dataclass(frozen=True)
-class FleetAsk:
-    """What hpo.workers, devices, gpus_per_trial and trials_per_gpu ask for, as written
-    (`_fleet_plan.plan_fleet` checks them against the machine)."""
-
-    workers: int | str = 1  # a number, or auto
-    devices: list[Any] | str | None = None
-    gpus_per_trial: int = 1
-    trials_per_gpu: int = 1
-
-
 @dataclass
 class SweepSettings:
     study_name: str | None  # None: Optuna names a fresh study
@@ -135,17 +111,17 @@ class SweepSettings:
     sampler: DictConfig  # a node with _target_ (a stock sampler config)
     sampler_key: str
     pruner: str
-    pruner_args: dict[str, Any]
+    pruner_args: dict[str, object]
     failure: FailureRule
     search_space_fn: str | None
     search_space_key: str
     liveness: Liveness
     # (mapping, setting) pairs of search-space entries, in order
-    space_sources: list[tuple[Any, str]]
+    space_sources: list[tuple[Mapping[str, object], str]]
     # hydra.sweeper.search_space where it is in charge: {key: distribution config}, before
     # the command line's entries
-    search_space: Mapping[str, Any] | None = None
-    enqueue: list[Any] = field(default_factory=list)
+    search_space: Mapping[str, object] | None = None
+    enqueue: list[dict[str, object]] = field(default_factory=list)
     tensorboard: bool = False
     reports: bool = False  # jobs are told their trial (there is an hpo node): pruning
     budget_s: float | None = None  # hpo.budget_s: device-seconds the study may spend
@@ -160,26 +136,21 @@ class SweepSettings:
         return len(self.directions) > 1
 
 
-def read_hpo(node: Any) -> HpoConfig | None:
+def read_hpo(node: object) -> HpoConfig | None:
     """`hpo.*` resolved and typed by its schema, so a misspelled key is one line; None when
     the config has no hpo node (a sweep of the stock surface alone)."""
     return None if node is None else typed_hpo(node)
 
 
-def typed_hpo(node: Any) -> HpoConfig:
+def typed_hpo(node: object) -> HpoConfig:
     """An hpo node (a DictConfig or a mapping) typed by HpoConfig, its defaults filled in."""
     try:
-        plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-        merged = OmegaConf.merge(OmegaConf.structured(HpoConfig), plain)
+        merged = OmegaConf.merge(OmegaConf.structured(HpoConfig), _plain(node))
         hpo: HpoConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except Exception as e:
         raise SweepConfigError(_hpo_error(e)) from None
     for key in ("sampler_args", "pruner_args", "params"):
-        value = getattr(hpo, key)
-        if value is None:
-            setattr(hpo, key, {})
-        elif not isinstance(value, Mapping):
-            raise SweepConfigError(f"hpo.{key}={value!r} must be a mapping of key: value")
+        setattr(hpo, key, mapping(getattr(hpo, key), f"hpo.{key}"))
     return hpo
 
 
@@ -191,106 +162,126 @@ def _hpo_error(exc: Exception) -> str:
     return f"hpo.{key}: {first_line(exc)}" if key else f"hpo: {first_line(exc)}"
 
 
-def read_settings(stock: StockKeys, hpo_node: Any, sweep_dir: str) -> SweepSettings:
+def mapping(value: object, key: str) -> dict[str, object]:
+    """A mapping setting (null: empty) as a plain dict of key: value."""
+    value = _plain(value)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SweepConfigError(f"{key}={value!r} must be a mapping of key: value")
+    return {str(k): v for k, v in value.items()}
+
+
+def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> SweepSettings:
     from ._samplers import sampler_node
 
     hpo = read_hpo(hpo_node)
     h = hpo or typed_hpo({})  # the defaults, normalized as a node would be
-    n_trials, n_trials_key = stock.pick("n_trials", h.n_trials, "hpo.n_trials")
-    direction, direction_key = stock.pick("direction", h.direction, "hpo.direction")
-    space_fn, space_fn_key = stock.pick(
-        "custom_search_space", h.search_space_fn, "hpo.search_space_fn"
-    )
-    metrics = _as_list(h.metric) if hpo else None
+    n_trials, n_trials_key = stock.pick("n_trials", h.n_trials)
+    direction, direction_key = stock.pick("direction", h.direction)
+    space_fn, space_fn_key = stock.pick("custom_search_space", h.search_space_fn)
+    metrics = _metrics(h.metric) if hpo else None
     legacy = _legacy_search_space(stock)
+    stock_sampler, n_jobs = stock.get("sampler"), stock.get("n_jobs")
     s = SweepSettings(
         study_name=_study_name(stock, h),
         storage=_storage(stock, h, sweep_dir),
-        budget=TrialCount(n_trials, per_run=stock.n_trials is not None, key=n_trials_key),
-        n_jobs=stock.n_jobs if stock.n_jobs is not None else 1,
+        budget=TrialCount(
+            _count(n_trials, n_trials_key), stock.get("n_trials") is not None, n_trials_key
+        ),
+        n_jobs=_count(1 if n_jobs is None else n_jobs, "hydra.sweeper.n_jobs"),
         directions=_directions(direction, direction_key, metrics),
         direction_key=direction_key,
         metrics=metrics,
         report_metric=h.report_metric if hpo else None,
-        sampler=sampler_node(stock.sampler, h),
-        sampler_key="hydra.sweeper.sampler" if stock.sampler is not None else "hpo.sampler",
+        sampler=sampler_node(
+            stock_sampler, h.sampler, mapping(h.sampler_args, "hpo.sampler_args"), h.seed
+        ),
+        sampler_key="hpo.sampler" if stock_sampler is None else "hydra.sweeper.sampler",
         pruner=h.pruner if hpo else "none",
-        pruner_args=dict(h.pruner_args),
+        pruner_args=mapping(h.pruner_args, "hpo.pruner_args"),
         failure=_failure_rule(stock, h),
-        search_space_fn=space_fn,
+        search_space_fn=None if space_fn is None else str(space_fn),
         search_space_key=space_fn_key,
         liveness=Liveness(
             h.heartbeat_interval, h.stale_after, h.retry_stale, h.wait_for_running, h.poll_interval
         ),
-        space_sources=[] if legacy is not None else _space_sources(stock.params, hpo),
+        space_sources=[] if legacy is not None else _space_sources(stock.get("params"), hpo),
         search_space=legacy,
-        enqueue=list(h.enqueue) if hpo else [],
+        enqueue=[mapping(e, "hpo.enqueue[]") for e in h.enqueue] if hpo else [],
         tensorboard=bool(hpo and h.tensorboard),
         reports=hpo is not None,
         budget_s=h.budget_s if hpo else None,
         batch_size_study=h.batch_size_study if hpo else None,
-        fleet=FleetAsk(h.workers, h.devices, h.gpus_per_trial, h.trials_per_gpu) if hpo else None,
+        fleet=FleetAsk.of(h.workers, h.devices, h.gpus_per_trial, h.trials_per_gpu)
+        if hpo
+        else None,
     )
     check(s)
     return s
 
 
-def _study_name(stock: StockKeys, h: HpoConfig) -> str | None:
-    if stock.stock_node or stock.study_name is not None:
-        return stock.study_name
+def _study_name(stock: StockOptions, h: HpoConfig) -> str | None:
+    if stock.stock_node or stock.get("study_name") is not None:
+        name = stock.get("study_name")
+        return None if name is None else str(name)
     return h.study_name
 
 
-def _storage(stock: StockKeys, h: HpoConfig, sweep_dir: str) -> StorageSpec:
-    if stock.stock_node or stock.storage is not None:
-        return storage_spec(stock.storage, "hydra.sweeper.storage", sweep_dir, null_is_memory=True)
+def _storage(stock: StockOptions, h: HpoConfig, sweep_dir: str) -> StorageSpec:
+    value = stock.get("storage")
+    if stock.stock_node or value is not None:
+        return storage_spec(value, "hydra.sweeper.storage", sweep_dir, null_is_memory=True)
     return storage_spec(h.storage, "hpo.storage", sweep_dir, null_is_memory=False)
 
 
-def _space_sources(own: Any, hpo: HpoConfig | None) -> list[tuple[Any, str]]:
+def _space_sources(params: object, hpo: HpoConfig | None) -> list[tuple[Mapping[str, object], str]]:
     """hydra.sweeper.params when it names a key to search or fix; else hpo.params, less the
     keys hydra.sweeper.params sets to null."""
-    own = _plain(own) or {}
+    own = mapping(params, "hydra.sweeper.params")
     if any(v is not None for v in own.values()) or hpo is None:
         return [(own, "hydra.sweeper.params")]
-    return [(hpo.params, "hpo.params"), (own, "hydra.sweeper.params")]
+    return [(mapping(hpo.params, "hpo.params"), "hpo.params"), (own, "hydra.sweeper.params")]
 
 
-def _legacy_search_space(stock: StockKeys) -> Mapping[str, Any] | None:
+def _legacy_search_space(stock: StockOptions) -> Mapping[str, object] | None:
     """hydra.sweeper.search_space as the stock sweeper's last release reads it: beside
     hydra.sweeper.params it is ignored, with a warning; alone it is the search space (in the
     place of hpo.params too), with Hydra's deprecation warning."""
-    if stock.search_space is None:
+    legacy = stock.get("search_space")
+    if legacy is None:
         return None
-    if stock.params is not None:
+    if stock.get("params") is not None:
         warnings.warn(SEARCH_SPACE_IGNORED, UserWarning, stacklevel=2)
         return None
     try:
         private.hydra_deprecation_warning(SEARCH_SPACE_DEPRECATED)
     except HydraDeprecationError as e:  # HYDRA_DEPRECATION_WARNINGS_AS_ERRORS is set
         raise SweepConfigError(f"hydra.sweeper.search_space: {first_line(e)}") from None
-    space = _plain(stock.search_space)
+    space = _plain(legacy)
     if not isinstance(space, Mapping):
         raise SweepConfigError(
             f"hydra.sweeper.search_space={space!r} must be a mapping of key: "
             "{type: int|float|categorical, ...}"
         )
-    return space
+    return {str(k): v for k, v in space.items()}
 
 
-def _failure_rule(stock: StockKeys, h: HpoConfig) -> FailureRule:
-    if stock.max_failure_rate is not None:
-        return FailureRule(float(stock.max_failure_rate), True, 1, "hydra.sweeper.max_failure_rate")
+def _failure_rule(stock: StockOptions, h: HpoConfig) -> FailureRule:
+    rate = stock.get("max_failure_rate")
+    if rate is not None:
+        key = "hydra.sweeper.max_failure_rate"
+        return FailureRule(_number(rate, key), True, 1, key)
     return FailureRule(
         float(h.max_failure_rate), False, h.min_trials_for_failure_rate, "hpo.max_failure_rate"
     )
 
 
-def _plain(node: Any) -> Any:
+def _plain(node: object) -> object:
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
-def _as_list(value: Any) -> list[Any]:
+def _as_list(value: object) -> list[object]:
     value = _plain(value)
     if value is None:
         return []
@@ -299,30 +290,35 @@ def _as_list(value: Any) -> list[Any]:
     return list(value)
 
 
-def _directions(value: Any, key: str, metrics: list[str] | None) -> list[str | None]:
+def _metrics(value: object) -> list[str]:
+    """hpo.metric: one summary key, or a list of them (several objectives)."""
+    metrics = _as_list(value)
+    names = [m for m in metrics if isinstance(m, str)]
+    if not names or len(names) != len(metrics):
+        raise SweepConfigError(f"hpo.metric={metrics} must name one or more summary keys")
+    return names
+
+
+def _directions(value: object, key: str, metrics: list[str] | None) -> list[str | None]:
     if value is None:  # hpo.direction: null -> each metric's own, once known
         return [None] * len(metrics or [None])
-    directions = [getattr(d, "name", d) for d in _as_list(value)]  # stock Direction enums
-    for d in directions:
-        if d not in DIRECTIONS:
-            raise SweepConfigError(f"{key}={d!r} is not allowed; choose one of: minimize, maximize")
+    directions: list[str | None] = []
+    for d in _as_list(value):
+        name = getattr(d, "name", d)  # stock Direction enums
+        if not isinstance(name, str) or name not in DIRECTIONS:
+            raise SweepConfigError(
+                f"{key}={name!r} is not allowed; choose one of: minimize, maximize"
+            )
+        directions.append(name)
     return directions
 
 
 def check(s: SweepSettings) -> None:
-    b = s.budget
-    if not _is_int(b.n_trials) or b.n_trials < 1:
-        raise SweepConfigError(f"{b.key}={b.n_trials!r} must be a positive integer")
-    if not _is_int(s.n_jobs) or s.n_jobs < 1:
-        raise SweepConfigError(f"hydra.sweeper.n_jobs={s.n_jobs!r} must be a positive integer")
-    if s.metrics is not None:
-        if not s.metrics or not all(isinstance(m, str) for m in s.metrics):
-            raise SweepConfigError(f"hpo.metric={s.metrics} must name one or more summary keys")
-        if len(s.directions) != len(s.metrics):
-            raise SweepConfigError(
-                f"{s.direction_key} has {len(s.directions)} entries but hpo.metric has "
-                f"{len(s.metrics)}; give one direction per metric"
-            )
+    if s.metrics is not None and len(s.directions) != len(s.metrics):
+        raise SweepConfigError(
+            f"{s.direction_key} has {len(s.directions)} entries but hpo.metric has "
+            f"{len(s.metrics)}; give one direction per metric"
+        )
     if s.pruner not in PRUNERS:
         raise SweepConfigError(
             f"hpo.pruner={s.pruner!r} is not allowed; choose one of: {', '.join(PRUNERS)}"
@@ -334,7 +330,7 @@ def check(s: SweepSettings) -> None:
     _check_budget_s(s.budget_s)
 
 
-def _check_budget_s(value: Any) -> None:
+def _check_budget_s(value: float | None) -> None:
     if value is None:
         return
     number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -359,5 +355,13 @@ def _check_liveness(live: Liveness) -> None:
         raise SweepConfigError(f"hpo.retry_stale={live.retry_stale} must be 0 or more")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _count(value: object, key: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise SweepConfigError(f"{key}={value!r} must be a positive integer")
+
+
+def _number(value: object, key: str) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise SweepConfigError(f"{key}={value!r} must be a number")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TypeAlias, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import (
@@ -27,6 +27,7 @@ from hydra.core.override_parser.types import (
 )
 from hydra.errors import HydraException
 from hydra.utils import get_method
+from omegaconf import DictConfig
 from optuna.distributions import (
     BaseDistribution,
     CategoricalChoiceType,
@@ -37,6 +38,9 @@ from optuna.distributions import (
 from optuna.trial import Trial
 
 from ._errors import SweepConfigError, first_line
+
+Value: TypeAlias = CategoricalChoiceType  # a sampled value: None, bool, int, float or str
+Grid: TypeAlias = dict[str, list[Value]]  # the values GridSampler visits, per key
 
 
 @dataclass(frozen=True)
@@ -62,26 +66,26 @@ class Entry:
 class SearchSpace:
     distributions: dict[str, BaseDistribution] = field(default_factory=dict)
     # categorical value -> its override text (a list choice is sampled as its text, as stock)
-    choice_texts: dict[str, dict[Any, str]] = field(default_factory=dict)
+    choice_texts: dict[str, dict[Value, str]] = field(default_factory=dict)
     fixed: dict[str, str] = field(default_factory=dict)  # key -> value text
     deletions: list[str] = field(default_factory=list)  # ~key overrides, passed to every job
     shown: dict[str, str] = field(default_factory=dict)  # key -> setting=expression
 
-    def override(self, key: str, value: Any) -> str:
+    def override(self, key: str, value: Value) -> str:
         """`key=value` as Hydra parses it back to `value`."""
         text = self.choice_texts.get(key, {}).get(value)
         return f"{key}={format_value(value) if text is None else text}"
 
-    def fixed_overrides(self, exclude: Mapping[str, Any]) -> list[str]:
+    def fixed_overrides(self, exclude: Mapping[str, object]) -> list[str]:
         return [f"{k}={v}" for k, v in self.fixed.items() if k not in exclude]
 
-    def grid(self) -> dict[str, list[Any]]:
+    def grid(self) -> Grid:
         """The values GridSampler visits, as the stock sweeper builds them (its range ends
         *before* the upper end, unlike the other samplers)."""
         return {k: _grid_values(self.shown[k], d) for k, d in self.distributions.items()}
 
 
-def params_entries(params: Mapping[str, Any] | None, prefix: str) -> list[Entry]:
+def params_entries(params: Mapping[str, object] | None, prefix: str) -> list[Entry]:
     """A params mapping (hydra.sweeper.params or hpo.params) as entries; null drops a key."""
     return [
         Entry(f"{prefix}.{k}", str(k), drop=True)
@@ -117,7 +121,7 @@ def parse_space(entries: list[Entry]) -> SearchSpace:
 
 
 def _search(
-    space: SearchSpace, entry: Entry, key: str, dist: BaseDistribution, texts: dict[Any, str]
+    space: SearchSpace, entry: Entry, key: str, dist: BaseDistribution, texts: dict[Value, str]
 ) -> None:
     space.fixed.pop(key, None)
     space.distributions[key] = dist
@@ -138,7 +142,7 @@ def _parse_one(parser: OverridesParser, entry: Entry) -> Override:
         raise SweepConfigError(f"{entry.shown}: cannot parse: {first_line(e)}") from None
 
 
-def _distribution(shown: str, override: Override) -> tuple[BaseDistribution, dict[Any, str]]:
+def _distribution(shown: str, override: Override) -> tuple[BaseDistribution, dict[Value, str]]:
     value = override.value()
     try:
         if isinstance(value, ChoiceSweep) or (isinstance(value, RangeSweep) and value.shuffle):
@@ -152,7 +156,7 @@ def _distribution(shown: str, override: Override) -> tuple[BaseDistribution, dic
     raise SweepConfigError(f"{shown}: {type(value).__name__} is not supported by this sweeper")
 
 
-def _categorical(override: Override) -> tuple[CategoricalDistribution, dict[Any, str]]:
+def _categorical(override: Override) -> tuple[CategoricalDistribution, dict[Value, str]]:
     values = list(override.sweep_iterator(transformer=Transformer.identity))
     # stock: lists and dicts are sampled as their text
     sampled = [cast(CategoricalChoiceType, Transformer.encode(v)) for v in values]
@@ -179,7 +183,7 @@ def _interval(value: IntervalSweep) -> BaseDistribution:
     return FloatDistribution(float(start), float(end), log=log)
 
 
-def _grid_values(shown: str, dist: BaseDistribution) -> list[Any]:
+def _grid_values(shown: str, dist: BaseDistribution) -> list[Value]:
     if isinstance(dist, CategoricalDistribution):
         return list(dist.choices)
     step = getattr(dist, "step", None)
@@ -197,7 +201,7 @@ LEGACY_FIELDS = ("type", "choices", "low", "high", "log", "step")
 _TYPES = ", ".join(LEGACY_TYPES)
 
 
-def legacy_entries(search_space: Mapping[str, Any], prefix: str) -> list[Entry]:
+def legacy_entries(search_space: Mapping[str, object], prefix: str) -> list[Entry]:
     """hydra.sweeper.search_space: {key: {type, ...}} as entries with their distributions."""
     return [
         Entry(f"{prefix}.{k}", f"{k}={v}", dist=legacy_distribution(f"{prefix}.{k}", v))
@@ -205,7 +209,7 @@ def legacy_entries(search_space: Mapping[str, Any], prefix: str) -> list[Entry]:
     ]
 
 
-def legacy_distribution(setting: str, node: Any) -> BaseDistribution:
+def legacy_distribution(setting: str, node: object) -> BaseDistribution:
     """The distribution the stock sweeper's last release builds from one DistributionConfig
     (its create_optuna_distribution_from_config, in Optuna 4 terms): with log, step is ignored;
     int casts low, high and step to int. What it would stop on with a traceback is one line."""
@@ -224,7 +228,7 @@ def legacy_distribution(setting: str, node: Any) -> BaseDistribution:
         raise SweepConfigError(f"{setting}={dict(node)}: {first_line(e)}") from None
 
 
-def _legacy(setting: str, kind: str, node: Mapping[str, Any]) -> BaseDistribution:
+def _legacy(setting: str, kind: str, node: Mapping[str, object]) -> BaseDistribution:
     if kind == "categorical":
         choices = node.get("choices")
         if not isinstance(choices, list | tuple) or not choices:
@@ -233,16 +237,23 @@ def _legacy(setting: str, kind: str, node: Mapping[str, Any]) -> BaseDistributio
     low, high, step, log = (node.get(k) for k in ("low", "high", "step", "log"))
     if low is None or high is None:
         raise SweepConfigError(f"{setting}: a {kind} needs low and high")
+    low, high = _number(low), _number(high)
     if kind == "int":
         if log:
             return IntDistribution(int(low), int(high), log=True)
-        return IntDistribution(int(low), int(high), step=int(step) if step is not None else 1)
+        return IntDistribution(int(low), int(high), step=1 if step is None else int(_number(step)))
     if log:
         return FloatDistribution(low, high, log=True)
-    return FloatDistribution(low, high, step=step)
+    return FloatDistribution(low, high, step=None if step is None else _number(step))
 
 
-def suggest(trial: Trial, name: str, dist: BaseDistribution) -> Any:
+def _number(value: object) -> int | float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"{value!r} is not a number")
+
+
+def suggest(trial: Trial, name: str, dist: BaseDistribution) -> Value:
     """Sample through the public suggest_* API (stable across Optuna 4 and 5)."""
     if isinstance(dist, CategoricalDistribution):
         return trial.suggest_categorical(name, list(dist.choices))
@@ -254,14 +265,17 @@ def suggest(trial: Trial, name: str, dist: BaseDistribution) -> Any:
     raise TypeError(f"unsupported distribution {dist!r}")
 
 
-def ends(dist: BaseDistribution) -> list[Any]:
+def ends(dist: BaseDistribution) -> list[Value]:
     """The values a search-space check tries: every choice, or both ends."""
     if isinstance(dist, CategoricalDistribution):
         return list(dist.choices)
-    return [dist.low, dist.high]  # type: ignore[attr-defined]
+    if isinstance(dist, IntDistribution | FloatDistribution):
+        return [dist.low, dist.high]
+    raise TypeError(f"unsupported distribution {dist!r}")
 
 
-SpaceHook = Callable[[Any, Trial], Mapping[str, Any] | None]
+# fn(the sweep's config, trial) -> {key: value} to set, or None
+SpaceHook: TypeAlias = Callable[[DictConfig, Trial], Mapping[str, object] | None]
 
 
 def load_hook(path: str | None, key: str) -> SpaceHook | None:
@@ -274,7 +288,7 @@ def load_hook(path: str | None, key: str) -> SpaceHook | None:
         raise SweepConfigError(f"{key}={path!r} cannot be imported: {first_line(e)}") from None
 
 
-def format_value(value: Any) -> str:
+def format_value(value: object) -> str:
     """A Python value as an override value Hydra parses back to the same value."""
     if value is None:
         return "null"

@@ -16,9 +16,11 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
 
 import optuna
+from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig
 from optuna.trial import Trial, TrialState
 
@@ -54,7 +56,7 @@ class Plan:
     space: SearchSpace
     hook: SpaceHook | None
     config: DictConfig  # the sweep's (master) config, handed to the search-space hook
-    launcher: Any
+    launcher: Launcher
     sweep_dir: str
     job_storage: str  # hpo.storage as jobs get it (never a password)
     mask: Masker
@@ -88,7 +90,7 @@ class Worker:
                 log.info("Results in %s", path)
         return self.stop.exit_status if self.stop.requested else 0
 
-    def _write_results(self, final: bool = False) -> Any:
+    def _write_results(self, final: bool = False) -> Path:
         """After each trial; the study's analyses (hpo.batch_size_study) only at the end."""
         p = self.plan
         return write_results(
@@ -148,7 +150,7 @@ class Worker:
             reporter.register_live_trial(p.job_storage, self.study.study_name, trial, twin)
         try:
             with heartbeat(self.study, trials, self.s.liveness.heartbeat_interval):
-                returns = []
+                returns: list[JobReturn] = []
                 for group in consecutive(jobs):  # job number = trial number: its run dir
                     overrides = [o for _, o in group]
                     returns += p.launcher.launch(overrides, initial_job_idx=group[0][0].number)

@@ -1,5 +1,8 @@
 """The config nodes this sweeper registers, with the stock hydra-optuna-sweeper's names.
 
+Each stock key is declared once, in `STOCK_KEYS`: its stock default, the `hpo.*` setting it
+maps onto, and how its stock meaning differs. Both sweeper nodes are made from that table:
+
 - `hydra/sweeper=optuna`: the stock node, its keys and defaults (n_trials 20 more trials per
   run, storage null = in memory, study_name null = a fresh study, n_jobs 2, max_failure_rate 0).
   Registered only when the stock plugin is not installed, so configs written for it run here.
@@ -13,8 +16,10 @@ The sampler configs are copied from hydra-optuna-sweeper (Copyright (c) Facebook
 affiliates, MIT license): plugins/hydra_optuna_sweeper/hydra_plugins/hydra_optuna_sweeper/config.py.
 """
 
+import copy
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
+from types import UnionType
 from typing import Any, NoReturn
 
 from hydra.core.config_store import ConfigStore
@@ -28,7 +33,7 @@ MOTPE_REMOVED = (
 )
 
 
-def raise_motpe_removed(*args: Any, **kwargs: Any) -> NoReturn:
+def raise_motpe_removed(*args: object, **kwargs: object) -> NoReturn:
     raise ValueError(MOTPE_REMOVED)
 
 
@@ -129,48 +134,63 @@ SAMPLERS: dict[str, type] = {
 }
 
 
-@dataclass
-class OptunaSweeperConf:
-    """hydra/sweeper=optuna: the stock keys with the stock defaults and meaning."""
+@dataclass(frozen=True)
+class StockKey:
+    """One key of the stock sweeper's node, `hydra.sweeper.<name>`: declared here once, and
+    mapped onto the `hpo.*` setting it stands in for. Both sweeper nodes are made from these."""
 
-    _target_: str = f"{SWEEPER_MODULE}.OptunaSweeper"
-    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}])
-    # The sweeper builds the sampler and a storage object itself, so a bad one is one line.
-    _recursive_: bool = False
-    sampler: Any = MISSING
-    direction: Any = "minimize"  # or a list: several objectives, from the returned tuple
-    storage: Any = None  # null: in memory; a URL or path; or an object with _target_
-    study_name: str | None = None  # null: a fresh, automatically named study
-    n_trials: int = 20  # this many more trials per run
-    n_jobs: int = 2  # trials handed to the launcher at once
-    max_failure_rate: float = 0.0  # FAIL share of a batch above which the sweep stops
-    # The search space. Typed Any: `hydra.sweeper.params={...}` on the command line then sets
-    # it (OmegaConf can merge a mapping neither into a null Dict nor new keys into a Dict).
-    params: Any = None
-    custom_search_space: str | None = None  # dotted path of fn(cfg, trial)
-    # The legacy {key: {type, low, high, ...}} form, read as the stock's 1.3.0 does, with its
-    # deprecation warning; beside params it is ignored, with its warning.
-    search_space: Any = None
+    name: str
+    # The field's OmegaConf annotation. Any where the value may be a mapping or a list:
+    # `hydra.sweeper.params={...}` on the command line then sets it (OmegaConf merges a
+    # mapping neither into a null Dict nor new keys into a Dict).
+    kind: type | UnionType
+    default: object  # the stock node's default
+    setting: str | None  # the hpo.* setting it replaces when set (None: it has none)
+    differs: str  # what it means as a stock key, where that is not what `setting` means
 
 
-@dataclass
-class HydratrainOptunaSweeperConf:
-    """hydra/sweeper=hydratrain_optuna (hpo=optuna): the stock keys, unset. Set, each means
-    what it means to the stock sweeper and replaces the matching hpo.* setting."""
+# One row per stock key: name, annotation, stock default, the hpo.* setting it replaces when
+# set, and how its stock meaning differs from that setting's.
+# fmt: off
+STOCK_KEYS: tuple[StockKey, ...] = (
+    StockKey("sampler", Any, MISSING, "hpo.sampler", "a sampler config node (its group)"),
+    StockKey("direction", Any, "minimize", "hpo.direction", "a list: the returned tuple's"),
+    StockKey("storage", Any, None, "hpo.storage", "null: in memory, not a journal file"),
+    StockKey("study_name", str | None, None, "hpo.study_name", "null: a fresh study each run"),
+    StockKey("n_trials", int, 20, "hpo.n_trials", "more trials per run, not a study-wide total"),
+    StockKey("n_jobs", int, 2, None, "trials handed to the launcher at once; unset: 1"),
+    StockKey("max_failure_rate", float, 0.0, "hpo.max_failure_rate", "of a batch, not a worker"),
+    StockKey("params", Any, None, "hpo.params", "replaces it whole when it names a key"),
+    StockKey("custom_search_space", str | None, None, "hpo.search_space_fn", "fn(cfg, trial)"),
+    StockKey("search_space", Any, None, "hpo.params", "the legacy node, deprecated"),
+)
+# fmt: on
 
-    _target_: str = f"{SWEEPER_MODULE}.HydratrainOptunaSweeper"
-    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"sampler": None}])
-    _recursive_: bool = False
-    sampler: Any = None  # hpo.sampler
-    direction: Any = None  # hpo.direction
-    storage: Any = None  # hpo.storage
-    study_name: str | None = None  # hpo.study_name
-    n_trials: int | None = None  # hpo.n_trials (study-wide); set here: more trials per run
-    n_jobs: int | None = None  # 1
-    max_failure_rate: float | None = None  # hpo.max_failure_rate
-    params: Any = None  # hpo.params
-    custom_search_space: str | None = None  # hpo.search_space_fn
-    search_space: Any = None  # as stock (above); set alone, it replaces hpo.params too
+
+def _node(name: str, target: str, defaults: list[object], stock: bool) -> type:
+    """A sweeper node: the stock defaults, or every key unset (null) for the hpo.* settings."""
+    fields: list[tuple[str, object, object]] = [
+        ("_target_", str, f"{SWEEPER_MODULE}.{target}"),
+        ("defaults", list[Any], field(default_factory=lambda: copy.deepcopy(defaults))),
+        # The sweeper builds the sampler and a storage object itself, so a bad one is one line.
+        ("_recursive_", bool, False),
+    ]
+    for k in STOCK_KEYS:
+        unset = k.kind if k.kind is Any else k.kind | None
+        fields.append((k.name, k.kind, k.default) if stock else (k.name, unset, None))
+    return make_dataclass(name, fields, namespace={"__module__": __name__})
+
+
+# hydra/sweeper=optuna: the stock keys with the stock defaults and meaning.
+OptunaSweeperConf = _node("OptunaSweeperConf", "OptunaSweeper", [{"sampler": "tpe"}], True)
+# hydra/sweeper=hydratrain_optuna (hpo=optuna): the stock keys, unset. Set, each means what it
+# means to the stock sweeper and replaces the matching hpo.* setting.
+HydratrainOptunaSweeperConf = _node(
+    "HydratrainOptunaSweeperConf",
+    "HydratrainOptunaSweeper",
+    ["_self_", {"sampler": None}],
+    False,
+)
 
 
 STOCK_PACKAGE = "hydra_plugins.hydra_optuna_sweeper"

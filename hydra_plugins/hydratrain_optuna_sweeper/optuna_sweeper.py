@@ -7,8 +7,6 @@ They differ only in what an unset (null) `storage` and `study_name` mean.
 
 from __future__ import annotations
 
-from typing import Any
-
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
@@ -19,7 +17,7 @@ from .config import HydratrainOptunaSweeperConf  # noqa: F401  (registers the co
 class OptunaSweeper(Sweeper):
     stock_node = True  # null storage: in memory; null study_name: a fresh study
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, **options: object) -> None:
         from ._impl import OptunaSweeperImpl
 
         self.sweeper = OptunaSweeperImpl(options, stock_node=self.stock_node)
@@ -33,8 +31,8 @@ class OptunaSweeper(Sweeper):
     ) -> None:
         self.sweeper.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
-    def sweep(self, arguments: list[str]) -> Any:
-        return self.sweeper.sweep(arguments)
+    def sweep(self, arguments: list[str]) -> None:
+        self.sweeper.sweep(arguments)
 
 
 class HydratrainOptunaSweeper(OptunaSweeper):

@@ -5,10 +5,18 @@ modules. Hydra's plugin scan imports this module: Optuna is imported only when u
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution, CategoricalChoiceType
+    from optuna.pruners import BasePruner
+    from optuna.trial import Trial
 
 
-def study_pruner(name: str, args: dict[str, Any], eval_every: int, max_steps: int) -> Any:
+def study_pruner(
+    name: str, args: Mapping[str, object], eval_every: int, max_steps: int
+) -> BasePruner:
     """hpo.pruner=`name` with hpo.pruner_args=`args`, for trials that evaluate every
     `eval_every` optimizer steps up to `max_steps`: the defaults follow that schedule."""
     from ._samplers import EvalSchedule, build_pruner
@@ -17,8 +25,8 @@ def study_pruner(name: str, args: dict[str, Any], eval_every: int, max_steps: in
 
 
 def study_pruner_arguments(
-    name: str, args: dict[str, Any], eval_every: int, max_steps: int
-) -> dict[str, Any]:
+    name: str, args: Mapping[str, object], eval_every: int, max_steps: int
+) -> dict[str, object]:
     """The arguments `study_pruner` passes to the pruner: hpo.pruner_args over the defaults
     that follow the schedule (for a peer built with Optuna's own class)."""
     from ._samplers import EvalSchedule, pruner_defaults
@@ -26,7 +34,7 @@ def study_pruner_arguments(
     return {**pruner_defaults(name, EvalSchedule(every=eval_every, last=max_steps), args), **args}
 
 
-def search_space(params: dict[str, str]) -> dict[str, Any]:
+def search_space(params: Mapping[str, str]) -> dict[str, BaseDistribution]:
     """`hydra.sweeper.params` ({key: expression}) as the Optuna distributions a trial samples,
     parsed as the sweeper parses them."""
     from ._space import Entry, parse_space
@@ -35,7 +43,7 @@ def search_space(params: dict[str, str]) -> dict[str, Any]:
     return dict(parse_space(entries).distributions)
 
 
-def suggest(trial: Any, name: str, distribution: Any) -> Any:
+def suggest(trial: Trial, name: str, distribution: BaseDistribution) -> CategoricalChoiceType:
     """Sample `name` on an Optuna trial as the sweeper's worker does."""
     from ._space import suggest as sweeper_suggest
 

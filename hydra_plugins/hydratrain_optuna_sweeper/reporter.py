@@ -9,21 +9,26 @@ Hydra's plugin scan imports this module.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
-from app.hpo import NullReporter, Paused, TrialAttrs
+from app.hpo import HpoConfig, NullReporter, Paused, Reporter, TrialAttrs
+
+if TYPE_CHECKING:
+    from optuna.trial import Trial
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # (storage, study_name, trial_number) -> (the trial, the trial its reports go to: itself, or
-# its pruning companion), filled by the in-process sweeper.
-_LIVE_TRIALS: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+# its pruning companion; None: no reports), filled by the in-process sweeper.
+_LIVE_TRIALS: dict[tuple[str, str, int], tuple[Trial, Trial | None]] = {}
 
 
-def register_live_trial(storage: str, study_name: str, trial: Any, judge: Any) -> None:
+def register_live_trial(storage: str, study_name: str, trial: Trial, judge: Trial | None) -> None:
     """`judge`: the trial its reports go to (itself, its companion), None for no reports."""
     _LIVE_TRIALS[(storage, study_name, trial.number)] = (trial, judge)
 
@@ -42,7 +47,9 @@ class OptunaReporter:
     A trial that another worker failed as stale (this one was paused past hpo.stale_after)
     can no longer be changed: the job then goes on without reporting, after one warning."""
 
-    def __init__(self, trial: Any, metric: str, can_prune: bool = True, judge: Any = None) -> None:
+    def __init__(
+        self, trial: Trial, metric: str, can_prune: bool = True, judge: Trial | None = None
+    ) -> None:
         self.trial = trial
         self.judge = trial if judge is None else judge
         self.metric = metric
@@ -83,9 +90,9 @@ class OptunaReporter:
         if self._detached:
             return
         for key, value in attrs.as_dict().items():
-            self._call(lambda k=key, v=value: self.trial.set_user_attr(k, _jsonable(v)))
+            self._call(partial(self.trial.set_user_attr, key, _jsonable(value)))
 
-    def _call(self, fn: Any) -> Any:
+    def _call(self, fn: Callable[[], T]) -> T | None:
         from . import _private as private
         from ._storage import retrying
 
@@ -102,13 +109,14 @@ class OptunaReporter:
             return None
 
 
-def _pauses(trial: Any) -> bool:
+def _pauses(trial: Trial) -> bool:
     from ._asha import AshaPruner
 
-    return isinstance(getattr(trial.study, "pruner", None), AshaPruner)
+    return isinstance(trial.study.pruner, AshaPruner)
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
+    """A user attribute Optuna stores as JSON."""
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
@@ -120,44 +128,56 @@ def _jsonable(value: Any) -> Any:
     return str(value)  # paths, dtypes, devices
 
 
-def reporter_for_job(cfg: Any) -> Any:
-    """The reporter for this job's trial (cfg.hpo names it); `cfg` is the job's typed config."""
-    hpo = cfg.hpo
-    storage, study_name, number = str(hpo.storage), str(hpo.study_name), int(hpo.trial_number)
-    metric = str(getattr(hpo, "report_metric", None) or "val_loss")
+def reporter_for_job(cfg: object) -> Reporter:
+    """The reporter for this job's trial (its hpo node names it); `cfg` is the job's config,
+    typed by the app or a DictConfig."""
+    hpo = _hpo_of(cfg)
+    if hpo.trial_number is None:  # not a trial
+        return NullReporter()
+    storage, study_name, number = str(hpo.storage), hpo.study_name, hpo.trial_number
     pair = _LIVE_TRIALS.get((storage, study_name, number))
     if pair is None:
-        pair = _trial_from_storage(cfg, storage, study_name, number)
+        pair = _trial_from_storage(cfg, hpo, storage, number)
     if pair is None:
         return NullReporter()
     trial, judge = pair
+    metric = hpo.report_metric or "val_loss"
     return OptunaReporter(trial, metric, can_prune=judge is not None, judge=judge)
 
 
-def _trial_from_storage(cfg: Any, storage: str, study_name: str, number: int) -> Any:
+def _hpo_of(cfg: object) -> HpoConfig:
+    """The job's hpo node as typed by the sweeper's settings (the sweep read it so already)."""
+    from omegaconf import DictConfig
+
+    from ._settings import typed_hpo
+
+    node = cfg.get("hpo") if isinstance(cfg, DictConfig) else getattr(cfg, "hpo", None)
+    return node if isinstance(node, HpoConfig) else typed_hpo(node)
+
+
+def _trial_from_storage(
+    cfg: object, hpo: HpoConfig, storage: str, number: int
+) -> tuple[Trial, Trial | None] | None:
     """(the running trial, the trial its reports go to), rebuilt in this process from the
     shared storage."""
     import optuna
-    from omegaconf import OmegaConf
 
     from . import _private as private
     from ._companion import load_companion, report_trial
     from ._samplers import EvalSchedule, build_pruner
-    from ._settings import typed_hpo
+    from ._settings import mapping
     from ._storage import MEMORY, Masker, open_storage, storage_spec
 
     if storage == MEMORY:  # only the sweeper's process can reach it
         log.warning("trial %d: a study in memory takes no reports from another process", number)
         return None
-    hpo = cfg.hpo  # typed by the app, or a DictConfig of another app's
-    node = hpo if OmegaConf.is_config(hpo) else dataclasses.asdict(hpo)
-    settings = typed_hpo(node)
     spec = storage_spec(storage, "hpo.storage", ".", null_is_memory=False)
     store = open_storage(spec, Masker.of([storage]))
-    pruner = build_pruner(settings.pruner, dict(settings.pruner_args), 1, EvalSchedule.of(cfg))
+    pruner_args = mapping(hpo.pruner_args, "hpo.pruner_args")
+    pruner = build_pruner(hpo.pruner, pruner_args, 1, EvalSchedule.of(cfg))
     # The sampler is never used here (the sweeper sampled already): random keeps it cheap.
     study = optuna.load_study(
-        study_name=study_name,
+        study_name=hpo.study_name,
         storage=store,
         sampler=optuna.samplers.RandomSampler(),
         pruner=pruner,
@@ -165,7 +185,7 @@ def _trial_from_storage(cfg: Any, storage: str, study_name: str, number: int) ->
     trial = private.live_trial(study, number)
     if len(study.directions) == 1:
         return trial, trial
-    if settings.pruner == "none":  # no companion: nothing judges the reports
+    if hpo.pruner == "none":  # no companion: nothing judges the reports
         return trial, None
-    companion = load_companion(study, settings.report_metric, pruner)
+    companion = load_companion(study, hpo.report_metric, pruner)
     return trial, report_trial(trial, companion)
