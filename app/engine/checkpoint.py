@@ -18,11 +18,13 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
+from torch.optim.optimizer import StateDict
 
 from app.config.training import ResumeFrom
 from app.core.atomic import atomic_write, fsync_dir
@@ -37,28 +39,40 @@ _NAME = re.compile(r"^step_(\d{8})(\.pt)?$")  # a file, or a directory of shards
 REQUIRED = ("model", "optimizer", "scheduler", "step", "rng")
 
 
+class RngState(TypedDict, total=False):
+    """The random generators' states a checkpoint restores."""
+
+    python: Sequence[object]  # random.getstate(); the safe loader may hand back lists
+    torch: torch.Tensor
+    cuda: list[torch.Tensor]  # one per device, where CUDA is available
+
+
 @dataclass
 class TrainState:
-    model: dict[str, Any]
-    optimizer: dict[str, Any] = field(default_factory=dict)
-    scheduler: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, torch.Tensor]
+    optimizer: StateDict = field(default_factory=dict)  # as torch types it
+    scheduler: dict[str, object] = field(default_factory=dict)
     step: int = 0  # optimizer steps done; the data position follows from it
-    rng: dict[str, Any] = field(default_factory=dict)
-    scaler: dict[str, Any] = field(default_factory=dict)
-    plan: dict[str, Any] = field(default_factory=dict)  # the batch plan it was trained with
-    config: dict[str, Any] | None = None  # what shaped the model: a resume is checked against it
+    rng: RngState = field(default_factory=RngState)
+    scaler: dict[str, object] = field(default_factory=dict)
+    plan: dict[str, object] = field(default_factory=dict)  # the batch plan it was trained with
+    # what shaped the model: a resume is checked against it
+    config: dict[str, object] | None = None
     tokenizer_sha256: str | None = None  # which tokenizer the export pairs it with
     # A sharded checkpoint: its directory, whose shards hold the model and the optimizer's
     # state (`model` is then empty and `optimizer` holds only its param_groups).
     shards: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> TrainState:
+    def from_dict(cls, state: Mapping[str, object]) -> TrainState:
+        """The record a checkpoint file holds; its values are taken as this trainer wrote them
+        (the safe loader let only tensors and containers through)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in state.items() if k in names})
+        fields: dict[str, Any] = {k: v for k, v in state.items() if k in names}
+        return cls(**fields)
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -167,20 +181,20 @@ def load_checkpoint(path: Path, mmap: bool = False) -> TrainState:
     return TrainState.from_dict(state)
 
 
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+def rng_state() -> RngState:
+    state: RngState = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: RngState) -> None:
     random.setstate(_as_tuple(state["python"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _as_tuple(value: Any) -> Any:
+def _as_tuple(value: Sequence[object]) -> tuple[object, ...]:
     # Python's RNG state is nested tuples; the safe loader may hand back lists.
-    return tuple(_as_tuple(v) for v in value) if isinstance(value, list | tuple) else value
+    return tuple(_as_tuple(v) if isinstance(v, list | tuple) else v for v in value)

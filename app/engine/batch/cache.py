@@ -17,10 +17,10 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -35,10 +35,32 @@ from app.engine.run import Machine
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1
-Trials = dict[int, dict[str, Any]]  # micro-batch -> {oom, peak_fraction, samples_per_sec, ...}
 
 
-def failed(trial: dict[str, Any], limit: float) -> bool:
+class Trial(TypedDict, total=False):
+    """One candidate micro-batch's outcome, as measured and as the cache file keeps it."""
+
+    oom: bool
+    error: str  # the OOM's first line
+    peak_fraction: float | None  # of the memory limit's base (device or host memory)
+    samples_per_sec: float | None  # the fastest timed step's
+    learned_in_run: bool  # an OOM the run met after the probe
+
+
+Trials = dict[int, Trial]  # by micro-batch
+Key = Mapping[str, object]  # what changes a micro-batch's memory: see cache_key
+
+
+class Entry(TypedDict):
+    """A cache file: its key, the trials, how far a search went, when it last changed."""
+
+    key: Key
+    trials: Trials
+    searched_up_to: int
+    updated: float
+
+
+def failed(trial: Trial, limit: float) -> bool:
     peak = trial.get("peak_fraction")
     return bool(trial.get("oom")) or (peak is not None and peak > limit)
 
@@ -68,7 +90,7 @@ class ProbeSetup:
     cache_dir: Path | None  # where the cache lives; None: no cache
 
 
-def cache_key(setup: ProbeSetup, model: torch.nn.Module) -> dict[str, Any]:
+def cache_key(setup: ProbeSetup, model: torch.nn.Module) -> dict[str, object]:
     """Everything that changes the memory a micro-batch needs (not the effective batch)."""
     import transformers
 
@@ -97,15 +119,15 @@ def cache_key(setup: ProbeSetup, model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-def key_hash(key: dict[str, Any]) -> str:
+def key_hash(key: Key) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def cache_path(folder: Path, key: dict[str, Any]) -> Path:
+def cache_path(folder: Path, key: Key) -> Path:
     return folder / f"microbatch-{key_hash(key)}.json"
 
 
-def read_entry(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+def read_entry(path: Path, key: Key) -> Entry | None:
     """The cached entry with integer trial keys, or None (absent, unreadable or another key)."""
     try:
         raw = json.loads(path.read_text())
@@ -114,55 +136,62 @@ def read_entry(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(raw, dict) or raw.get("key") != json.loads(json.dumps(key, default=str)):
         return None
     try:
-        raw["trials"] = {int(m): dict(t) for m, t in raw.get("trials", {}).items()}
+        trials: Trials = {int(m): Trial(**t) for m, t in raw.get("trials", {}).items()}
     except (TypeError, ValueError):
         return None
-    return raw
+    return Entry(
+        key=raw["key"],
+        trials=trials,
+        searched_up_to=raw.get("searched_up_to", 0),
+        updated=raw.get("updated", 0.0),
+    )
 
 
-def covers(entry: dict[str, Any], upper: int, limit: float) -> bool:
+def covers(entry: Entry, upper: int, limit: float) -> bool:
     """Whether the entry answers this run: a fit is known and the search reached its cap or
     found where memory runs out."""
     fits, first_fail = fits_below_failure(entry["trials"], limit, upper)
-    reached = entry.get("searched_up_to", 0) >= upper
+    reached = entry["searched_up_to"] >= upper
     return bool(fits) and (reached or (first_fail is not None and first_fail <= upper))
 
 
-def merge_entry(path: Path, key: dict[str, Any], trials: Trials, upper: int) -> None:
-    def merge(entry: dict[str, Any]) -> None:
+def merge_entry(path: Path, key: Key, trials: Trials, upper: int) -> None:
+    def merge(entry: Entry) -> None:
         for micro, new in trials.items():
             entry["trials"][micro] = merge_trial(entry["trials"].get(micro, {}), new)
-        entry["searched_up_to"] = max(entry.get("searched_up_to", 0), upper)
+        entry["searched_up_to"] = max(entry["searched_up_to"], upper)
 
     update_entry(path, key, merge)
 
 
-def record_oom(path: Path, key: dict[str, Any], micro: int) -> None:
-    def mark(entry: dict[str, Any]) -> None:
+def record_oom(path: Path, key: Key, micro: int) -> None:
+    def mark(entry: Entry) -> None:
         old = entry["trials"].get(micro, {})
         entry["trials"][micro] = merge_trial(old, {"oom": True, "learned_in_run": True})
 
     update_entry(path, key, mark)
 
 
-def merge_trial(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def merge_trial(old: Trial, new: Trial) -> Trial:
     # An OOM seen by anyone sticks; the larger peak is the safer one; the newest timing wins.
-    out = {**old, **new}
+    out: Trial = {**old, **new}
     out["oom"] = bool(old.get("oom") or new.get("oom"))
     peaks = [p for p in (old.get("peak_fraction"), new.get("peak_fraction")) if p is not None]
     out["peak_fraction"] = max(peaks) if peaks else None
     return out
 
 
-def update_entry(path: Path, key: dict[str, Any], change: Callable[[dict], None]) -> None:
+def update_entry(path: Path, key: Key, change: Callable[[Entry], None]) -> None:
     """Read, change and atomically rewrite the entry under an exclusive lock."""
     try:
         with _locked(path):
-            entry = read_entry(path, key) or {"key": key, "trials": {}, "searched_up_to": 0}
+            entry = read_entry(path, key) or Entry(key=key, trials={}, searched_up_to=0, updated=0)
             change(entry)
             entry["updated"] = time.time()
-            entry["trials"] = {str(m): t for m, t in sorted(entry["trials"].items())}
-            atomic_write_text(path, json.dumps(entry, indent=2, sort_keys=True, default=str) + "\n")
+            # JSON's keys are strings: the trials are written by micro-batch in order.
+            trials = {str(m): t for m, t in sorted(entry["trials"].items())}
+            text = json.dumps({**entry, "trials": trials}, indent=2, sort_keys=True, default=str)
+            atomic_write_text(path, text + "\n")
     except OSError as exc:  # a read-only or full cache dir must not fail the run
         log.warning("could not update the micro-batch cache %s: %s", path, exc)
 

@@ -9,7 +9,7 @@ split (32 samples at most 12 per micro-batch run as 11+11+10, so the plan says 1
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -63,11 +63,7 @@ def choose(
     top = fits[-1]
     if not throughput_aware:
         return fit_split(per_rank, top), "largest"
-    timed = {
-        m: trials[m]["samples_per_sec"]
-        for m in fits
-        if 2 * m >= top and trials[m].get("samples_per_sec")
-    }
+    timed = {m: sps for m in fits if 2 * m >= top and (sps := trials[m].get("samples_per_sec"))}
     if len(timed) < 2:
         return fit_split(per_rank, top), "largest"
     best = max(timed.values())
@@ -75,16 +71,26 @@ def choose(
     return fit_split(per_rank, pick), "throughput"
 
 
-def candidate_rows(trials: Trials, limit: float) -> list[dict[str, Any]]:
+class Candidate(TypedDict):
+    """One row of the probe's table (the plan's details, summary.json, the report)."""
+
+    micro: int
+    fits: bool
+    oom: bool
+    peak_fraction: float | None
+    samples_per_sec: float | None
+
+
+def candidate_rows(trials: Trials, limit: float) -> list[Candidate]:
     fits, _ = fits_below_failure(trials, limit, max(trials, default=0))
     return [
-        {
-            "micro": m,
-            "fits": m in fits,
-            "oom": bool(t.get("oom")),
-            "peak_fraction": t.get("peak_fraction"),
-            "samples_per_sec": t.get("samples_per_sec"),
-        }
+        Candidate(
+            micro=m,
+            fits=m in fits,
+            oom=bool(t.get("oom")),
+            peak_fraction=t.get("peak_fraction"),
+            samples_per_sec=t.get("samples_per_sec"),
+        )
         for m, t in sorted(trials.items())
     ]
 

@@ -128,8 +128,8 @@ class BatchPlan:
             f"{self.effective_batch_size}{evaluation}"
         )
 
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = asdict(self)
         out["grad_accum_steps"] = self.grad_accum_steps
         out["micro_batch_sizes"] = self.micro_sizes
         return out

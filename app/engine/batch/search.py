@@ -25,7 +25,6 @@ import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -38,7 +37,7 @@ from app.components.tasks.base import TaskData, move
 from app.config.budget import budget_of
 from app.engine import checkpoint as ckpt
 from app.engine.agreement import AgreedOOM, Agreement
-from app.engine.batch.cache import ProbeSetup, Trials, failed, fits_below_failure
+from app.engine.batch.cache import ProbeSetup, Trial, Trials, failed, fits_below_failure
 from app.engine.batch.choice import split_candidates
 from app.engine.batch.faults import FaultInjector
 from app.engine.batch.plan import EVAL_FACTOR, BatchPlan
@@ -85,7 +84,7 @@ class Probe:
         self.last: tuple[int, float] | None = None  # (micro, seconds) of the last candidate
         self.meter = MemoryMeter(setup.machine.device) if meter is None else meter
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, float]:
         return {"probe_seconds": self.budget.elapsed, "probe_steps": self.budget.steps}
 
     def run(self, upper: int, per_rank: int, throughput_aware: bool) -> Trials:
@@ -176,7 +175,7 @@ class Probe:
         trial = self.measure(micro, warmup=1, timed=1)
         return None if trial is None else not failed(trial, self.limit)
 
-    def measure(self, micro: int, warmup: int, timed: int) -> dict[str, Any] | None:
+    def measure(self, micro: int, warmup: int, timed: int) -> Trial | None:
         steps = warmup + timed
         allowed = self.budget.allows(steps, self._estimate(micro, steps)) or not self.trials
         if not (agree_all(allowed, self.setup.machine.dist) if self.lockstep else allowed):
@@ -186,8 +185,7 @@ class Probe:
         if self.lockstep:
             trial = agreed_trial(trial, self.setup.machine.dist)
         self.last = (micro, (time.perf_counter() - started) / steps)
-        old = self.trials.get(micro, {})
-        self.trials[micro] = {**old, **{k: v for k, v in trial.items() if v is not None}}
+        self.trials[micro] = {**self.trials.get(micro, {}), **trial}  # a figure unknown: left out
         log.debug("probe micro-batch %d: %s", micro, trial)
         return self.trials[micro]
 
@@ -204,7 +202,7 @@ class Probe:
         last_micro, per_step = self.last
         return per_step * steps * max(1.0, micro / last_micro)
 
-    def _steps(self, micro: int, warmup: int, timed: int) -> dict[str, Any]:
+    def _steps(self, micro: int, warmup: int, timed: int) -> Trial:
         run = self.probe_run
         run.plan = BatchPlan(micro, micro)
         batch = run.task.worst_case(self.data.train, micro)
@@ -228,14 +226,23 @@ class Probe:
                 run.agreement.join(0)
             release_after_oom(run, batch)
             return {"oom": True, "error": error}
-        return {
-            "oom": False,
-            "peak_fraction": self.meter.peak_fraction(),
-            "samples_per_sec": micro / fastest if 0 < fastest < math.inf else None,
-        }
+        return known_figures(
+            self.meter.peak_fraction(), micro / fastest if 0 < fastest < math.inf else None
+        )
 
 
-def agreed_trial(trial: dict[str, Any], dist: DistInfo) -> dict[str, Any]:
+def known_figures(peak: float | None, speed: float | None) -> Trial:
+    """A candidate that fit, with the figures that were measured (an unknown one is left out,
+    so it never replaces a figure measured before)."""
+    trial: Trial = {"oom": False}
+    if peak is not None:
+        trial["peak_fraction"] = peak
+    if speed is not None:
+        trial["samples_per_sec"] = speed
+    return trial
+
+
+def agreed_trial(trial: Trial, dist: DistInfo) -> Trial:
     """One candidate's outcome as every rank records it: an OOM on any rank, the highest
     peak, the lowest speed (the ranks step together, at the slowest one's pace)."""
     import torch.distributed as tdist
@@ -250,15 +257,12 @@ def agreed_trial(trial: dict[str, Any], dist: DistInfo) -> dict[str, Any]:
     oom, peak, speed = flags.tolist()
     if oom:
         return {"oom": True, "error": trial.get("error") or "out of memory on another rank"}
-    return {
-        "oom": False,
-        "peak_fraction": None if peak < 0 else peak,
-        "samples_per_sec": None if speed > 0 else -speed,
-    }
+    return known_figures(None if peak < 0 else peak, None if speed > 0 else -speed)
 
 
 @without_autograd
-def eval_micro_batch(run: Run, batch: Any) -> None:
+def eval_micro_batch(run: Run, batch: object) -> None:
+    """One evaluation forward of `batch`, a step batch of the run's task."""
     run.model.eval()
     try:
         x, y = run.task.inputs_and_targets(batch)
