@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -76,9 +76,9 @@ def split_document(text: str, val_fraction: float, seq_len: int) -> tuple[str, s
     return text[:cut], text[cut:].lstrip(" ")
 
 
-def text_identity(cfg: DataConfig, files: list[str]) -> dict[str, Any]:
+def text_identity(cfg: DataConfig, files: list[str]) -> dict[str, object]:
     """What determines the documents and their train/val split."""
-    ident: dict[str, Any] = {
+    ident: dict[str, object] = {
         "source": cfg.source,
         "seed": cfg.seed,
         "val_fraction": cfg.val_fraction,

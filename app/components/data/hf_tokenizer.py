@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 EOS = "<|endoftext|>"
 
 
-def byte_tokenizer() -> Any:
+def byte_tokenizer() -> PreTrainedTokenizerFast:
     """The byte tokenizer: id = byte value, id 0 the end of a document (byte 0 never occurs in
     text, so it is named `<|endoftext|>`). A byte-level BPE without merges encodes exactly so."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -26,7 +30,7 @@ def byte_tokenizer() -> Any:
     return causal_lm_tokenizer(tok, EOS)
 
 
-def causal_lm_tokenizer(tok: Any, eos: str) -> Any:
+def causal_lm_tokenizer(tok: Tokenizer, eos: str) -> PreTrainedTokenizerFast:
     """A tokenizers.Tokenizer as a transformers one whose end-of-document token also pads:
     batched generate() needs a pad token, and a causal LM never attends to padding. Padding
     goes on the left, where generate() wants it for a decoder-only model."""
@@ -37,7 +41,7 @@ def causal_lm_tokenizer(tok: Any, eos: str) -> Any:
     )
 
 
-def fingerprint(tokenizer: Any) -> str | None:
+def fingerprint(tokenizer: PreTrainedTokenizerBase) -> str | None:
     """sha256 of what decides the ids (vocabulary, merges, added tokens, normalizer...): a
     checkpoint records it so an export can tell its run's tokenizer from another. None for a
     slow tokenizer, which has no tokenizer.json to hash."""

@@ -24,7 +24,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +41,10 @@ from app.core.atomic import atomic_write, atomic_write_text
 from app.core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from datasets import Dataset, Features
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerBase
+
     from app.components.data.config import DataConfig
 
 log = logging.getLogger(__name__)
@@ -57,7 +61,7 @@ class LabelledData:
     vocab_size: int
     tokenizer_name: str
     pad_id: int
-    tokenizer: Any  # a transformers tokenizer: the run saves it with its model
+    tokenizer: PreTrainedTokenizerBase  # the run saves it with its model
 
 
 def load_labelled(data_cfg: DataConfig, labels: list[str] | None) -> LabelledData:
@@ -92,8 +96,8 @@ def load_labelled(data_cfg: DataConfig, labels: list[str] | None) -> LabelledDat
 # Reading
 
 
-def read_splits(data_cfg: DataConfig) -> tuple[Any, Any, Any]:
-    """(train, validation, features) as `datasets.Dataset`s."""
+def read_splits(data_cfg: DataConfig) -> tuple[Dataset, Dataset, Features]:
+    """(train, validation, the train split's features)."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -119,21 +123,21 @@ def read_splits(data_cfg: DataConfig) -> tuple[Any, Any, Any]:
     return train, usable_rows(data_cfg, found.val, "validation"), found.features
 
 
-def usable_rows(data_cfg: DataConfig, rows: Any, split: str) -> Any:
+def usable_rows(data_cfg: DataConfig, rows: Dataset, split: str) -> Dataset:
     """Rows read from files or a dataset, checked (columns there, texts strings), less those
     with a null text."""
     check_columns(data_cfg, rows, split)
     return text_rows(rows, text_columns(data_cfg), split)
 
 
-def hold_out(rows: Any, data_cfg: DataConfig) -> tuple[Any, Any]:
+def hold_out(rows: Dataset, data_cfg: DataConfig) -> tuple[Dataset, Dataset]:
     if len(rows) < 2:
         raise ConfigError(f"data: {len(rows)} labelled row(s); need at least 2 to hold out a split")
     parts = rows.train_test_split(test_size=data_cfg.val_fraction, seed=data_cfg.seed)
     return parts["train"], parts["test"]
 
 
-def check_columns(data_cfg: DataConfig, rows: Any, split: str) -> None:
+def check_columns(data_cfg: DataConfig, rows: Dataset, split: str) -> None:
     if len(rows) == 0:
         raise ConfigError(f"data: the {split} split is empty")
     require_columns(rows.column_names, wanted_columns(data_cfg), split)
@@ -144,7 +148,7 @@ def check_columns(data_cfg: DataConfig, rows: Any, split: str) -> None:
 
 
 def label_names(
-    data_cfg: DataConfig, train: Any, features: Any, given: list[str] | None
+    data_cfg: DataConfig, train: Dataset, features: Features | None, given: list[str] | None
 ) -> list[str]:
     if given:
         return [str(n) for n in given]
@@ -163,7 +167,7 @@ def label_names(
     )
 
 
-def check_classes(data_cfg: DataConfig, train: Any) -> None:
+def check_classes(data_cfg: DataConfig, train: Dataset) -> None:
     """A single class trains to loss 0 and accuracy 1 from the first step: nothing is learned."""
     column = data_cfg.label_column
     present = {v for v in label_values(train, column) if v != UNLABELLED}
@@ -174,7 +178,7 @@ def check_classes(data_cfg: DataConfig, train: Any) -> None:
         )
 
 
-def label_values(rows: Any, column: str) -> list[Any]:
+def label_values(rows: Dataset, column: str) -> list[object]:
     """The column's labels; a ClassLabel's ints as its names, so they keep their meaning when
     task.labels orders (or names) the classes differently."""
     values = list(rows[column])
@@ -184,7 +188,7 @@ def label_values(rows: Any, column: str) -> list[Any]:
     return [UNLABELLED if v == UNLABELLED else names[v] for v in values]
 
 
-def label_ids(values: list[Any], names: list[str], split: str, column: str) -> list[int]:
+def label_ids(values: list[object], names: list[str], split: str, column: str) -> list[int]:
     """Label values -> ids in `names`; rows labelled -1 (unlabelled) become -1 (dropped)."""
     index = {name: i for i, name in enumerate(names)}
     out = []
@@ -207,7 +211,7 @@ def label_ids(values: list[Any], names: list[str], split: str, column: str) -> l
 # Tokenizing
 
 
-def load_pair_tokenizer(data_cfg: DataConfig, train: Any) -> Any:
+def load_pair_tokenizer(data_cfg: DataConfig, train: Dataset) -> PreTrainedTokenizerBase:
     """A transformers tokenizer that encodes single texts and pairs with [CLS]/[SEP]:
     `train` (a byte-level BPE trained on the train split and cached), `byte` (bytes only),
     or a local path / hub name (the model's own)."""
@@ -217,9 +221,9 @@ def load_pair_tokenizer(data_cfg: DataConfig, train: Any) -> Any:
         vocab = (
             data_cfg.tokenizer_vocab_size if data_cfg.tokenizer == "train" else 256 + len(SPECIALS)
         )
-        tok = _cached_pair_bpe(data_cfg, train, vocab)
+        bpe = _cached_pair_bpe(data_cfg, train, vocab)
         return PreTrainedTokenizerFast(
-            tokenizer_object=tok, pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
+            tokenizer_object=bpe, pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
         )
     from app.components.data.tokens import load_hf_tokenizer
 
@@ -232,7 +236,7 @@ def load_pair_tokenizer(data_cfg: DataConfig, train: Any) -> Any:
     return tok
 
 
-def _cached_pair_bpe(data_cfg: DataConfig, train: Any, vocab: int) -> Any:
+def _cached_pair_bpe(data_cfg: DataConfig, train: Dataset, vocab: int) -> Tokenizer:
     from tokenizers import Tokenizer
 
     texts = _texts(data_cfg, train)
@@ -245,7 +249,7 @@ def _cached_pair_bpe(data_cfg: DataConfig, train: Any, vocab: int) -> Any:
     return tok
 
 
-def _train_pair_bpe(texts: list[str], vocab: int) -> Any:
+def _train_pair_bpe(texts: list[str], vocab: int) -> Tokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -267,7 +271,7 @@ def _train_pair_bpe(texts: list[str], vocab: int) -> Any:
     return tok
 
 
-def _texts(data_cfg: DataConfig, rows: Any) -> list[str]:
+def _texts(data_cfg: DataConfig, rows: Dataset) -> list[str]:
     texts = list(rows[data_cfg.text_column])
     if data_cfg.text_pair_column:
         texts += list(rows[data_cfg.text_pair_column])
@@ -275,7 +279,11 @@ def _texts(data_cfg: DataConfig, rows: Any) -> list[str]:
 
 
 def tokenize_rows(
-    data_cfg: DataConfig, rows: Any, names: list[str], tokenizer: Any, split: str
+    data_cfg: DataConfig,
+    rows: Dataset,
+    names: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+    split: str,
 ) -> PaddedRows:
     labels = label_ids(
         label_values(rows, data_cfg.label_column), names, split, data_cfg.label_column
@@ -316,13 +324,13 @@ def tokenize_rows(
 # Cache keys
 
 
-def _hash(obj: Any) -> str:
+def _hash(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def source_identity(data_cfg: DataConfig) -> dict[str, Any]:
+def source_identity(data_cfg: DataConfig) -> dict[str, object]:
     """What determines the rows and their split (files by path, size and modification time)."""
-    ident: dict[str, Any] = {
+    ident: dict[str, object] = {
         "source": data_cfg.source,
         "seed": data_cfg.seed,
         "val_fraction": data_cfg.val_fraction,
@@ -336,11 +344,11 @@ def source_identity(data_cfg: DataConfig) -> dict[str, Any]:
     return ident
 
 
-def _columns(data_cfg: DataConfig) -> list[Any]:
+def _columns(data_cfg: DataConfig) -> list[str | None]:
     return [data_cfg.text_column, data_cfg.text_pair_column, data_cfg.label_column]
 
 
-def _cache_key(data_cfg: DataConfig, names: list[str], tok: Any) -> str:
+def _cache_key(data_cfg: DataConfig, names: list[str], tok: PreTrainedTokenizerBase) -> str:
     return _hash(
         {
             "version": CACHE_VERSION,
@@ -358,5 +366,5 @@ def _cache_key(data_cfg: DataConfig, names: list[str], tok: Any) -> str:
     )
 
 
-def _vocab_hash(tok: Any) -> str:
+def _vocab_hash(tok: PreTrainedTokenizerBase) -> str:
     return _hash(sorted(tok.get_vocab().items()))

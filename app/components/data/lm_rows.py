@@ -11,7 +11,7 @@ it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +21,8 @@ from app.components.data.tokenizers import TextTokenizer, TokenStreams, load_tok
 from app.core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from datasets import Dataset
+
     from app.components.data.config import DataConfig
 
 # Rows per Dataset.map call and per batch of BPE training text.
@@ -37,7 +39,7 @@ def row_token_streams(cfg: DataConfig) -> TokenStreams:
     )
 
 
-def text_splits(cfg: DataConfig) -> tuple[Any, Any]:
+def text_splits(cfg: DataConfig) -> tuple[Dataset, Dataset]:
     """(train, validation) `Dataset`s, each checked to be non-empty and to have the text column."""
     rows = open_rows(cfg)
     train = check_text_rows(cfg, rows.train, "train")
@@ -46,7 +48,7 @@ def text_splits(cfg: DataConfig) -> tuple[Any, Any]:
     return train, check_text_rows(cfg, rows.val, "validation")
 
 
-def check_text_rows(cfg: DataConfig, rows: Any, split: str) -> Any:
+def check_text_rows(cfg: DataConfig, rows: Dataset, split: str) -> Dataset:
     """`rows` checked (not empty, a text column of strings), less those with a null text."""
     if len(rows) == 0:
         raise ConfigError(f"data: the {split} split is empty")
@@ -55,7 +57,7 @@ def check_text_rows(cfg: DataConfig, rows: Any, split: str) -> Any:
     return text_rows(rows, wanted, split)
 
 
-def hold_out_rows(rows: Any, cfg: DataConfig) -> tuple[Any, Any]:
+def hold_out_rows(rows: Dataset, cfg: DataConfig) -> tuple[Dataset, Dataset]:
     if len(rows) >= 2:
         parts = rows.train_test_split(test_size=cfg.val_fraction, seed=cfg.seed)
         return parts["train"], parts["test"]
@@ -68,7 +70,9 @@ def hold_out_rows(rows: Any, cfg: DataConfig) -> tuple[Any, Any]:
     )
 
 
-def encode_rows(rows: Any, column: str, tok: TextTokenizer, num_proc: int | None) -> torch.Tensor:
+def encode_rows(
+    rows: Dataset, column: str, tok: TextTokenizer, num_proc: int | None
+) -> torch.Tensor:
     """One int64 stream: each row's tokens followed by the end-of-document token; `num_proc`
     is data.map_num_proc (None: auto)."""
     eos = [] if tok.eos_id is None else [tok.eos_id]
@@ -90,6 +94,6 @@ def encode_rows(rows: Any, column: str, tok: TextTokenizer, num_proc: int | None
     return torch.tensor(ids.to_numpy(zero_copy_only=False), dtype=torch.int64)  # a writable copy
 
 
-def text_batches(rows: Any, column: str) -> Iterator[list[str]]:
+def text_batches(rows: Dataset, column: str) -> Iterator[list[str]]:
     for batch in rows.iter(batch_size=BATCH_ROWS):
         yield batch[column]

@@ -18,11 +18,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.core.errors import ConfigError, first_line
 
 if TYPE_CHECKING:
+    from datasets import Dataset, DatasetDict, Features
+
     from app.components.data.config import DataConfig
 
 log = logging.getLogger(__name__)
@@ -46,9 +48,9 @@ TEXT_DTYPES = ("string", "large_string", "null")
 class RowSplits:
     """The rows a config names, before the task holds out anything."""
 
-    train: Any  # datasets.Dataset
-    val: Any | None  # datasets.Dataset; None: no validation split given, the task holds one out
-    features: Any  # the train split's features (a ClassLabel's names live here)
+    train: Dataset
+    val: Dataset | None  # None: no validation split given, the task holds one out
+    features: Features  # the train split's (a ClassLabel's names live here)
 
 
 @dataclass
@@ -57,7 +59,7 @@ class FileSet:
 
     files: list[str]
     builder: str  # json | csv | parquet
-    options: dict[str, Any]  # extra arguments to load_dataset (a TSV's delimiter)
+    options: dict[str, str]  # extra arguments to load_dataset (a TSV's delimiter)
     key: str  # the setting that named them, for messages: data.paths | data.val_paths
     split: str  # train | validation, for messages
 
@@ -104,7 +106,7 @@ def quiet_datasets() -> Iterator[None]:
         datasets_logging.set_verbosity(before)
 
 
-def file_fingerprints(files: list[str]) -> list[list[Any]]:
+def file_fingerprints(files: list[str]) -> list[list[str | int]]:
     return [[f, (st := os.stat(f)).st_size, st.st_mtime_ns] for f in files]
 
 
@@ -127,7 +129,7 @@ def file_set(patterns: list[str], key: str, split: str) -> FileSet:
     return FileSet(files, builders.pop(), {"delimiter": "\t"} if tsv else {}, key, split)
 
 
-def read_files(fs: FileSet) -> Any:
+def read_files(fs: FileSet) -> Dataset:
     import datasets
 
     datasets.disable_progress_bars()
@@ -166,7 +168,7 @@ def _one_file(fs: FileSet, f: str) -> FileSet:
     return FileSet([f], fs.builder, fs.options, fs.key, fs.split)
 
 
-def first_row(fs: FileSet) -> dict[str, Any] | None:
+def first_row(fs: FileSet) -> dict[str, object] | None:
     """The first row, read by streaming: the columns are known without converting the files."""
     import datasets
 
@@ -193,7 +195,7 @@ def is_local_dataset(name: str) -> bool:
     return name.startswith(("/", "~", "./", "../")) or Path(name).expanduser().exists()
 
 
-def open_dataset(name: str, config: str | None) -> Any:
+def open_dataset(name: str, config: str | None) -> Dataset | DatasetDict:
     """A `Dataset` or `DatasetDict`: load_from_disk for a directory, load_dataset for a hub name."""
     import datasets
 
@@ -217,7 +219,7 @@ def open_dataset(name: str, config: str | None) -> Any:
         ) from None
 
 
-def pick_split(loaded: Any, name: str, key: str) -> Any:
+def pick_split(loaded: DatasetDict, name: str, key: str) -> Dataset:
     if name not in loaded:
         raise ConfigError(
             f"{key}={name!r} is not a split of data.dataset; it has {', '.join(loaded)}"
@@ -225,7 +227,9 @@ def pick_split(loaded: Any, name: str, key: str) -> Any:
     return loaded[name]
 
 
-def dataset_splits(loaded: Any, data_cfg: DataConfig) -> tuple[Any, Any | None]:
+def dataset_splits(
+    loaded: Dataset | DatasetDict, data_cfg: DataConfig
+) -> tuple[Dataset, Dataset | None]:
     """(train, validation or None) of what open_dataset returned."""
     import datasets
 
@@ -271,7 +275,7 @@ def require_columns(columns: list[str], wanted: list[tuple[str, str]], split: st
             )
 
 
-def text_rows(rows: Any, wanted: list[tuple[str, str]], split: str) -> Any:
+def text_rows(rows: Dataset, wanted: list[tuple[str, str]], split: str) -> Dataset:
     """`rows` with text in every (setting, column) of `wanted`: a column of another type is
     refused, rows with a null text are dropped with a warning. Call before holding out a split."""
     for key, column in wanted:
@@ -279,7 +283,7 @@ def text_rows(rows: Any, wanted: list[tuple[str, str]], split: str) -> Any:
     return drop_null_texts(rows, wanted, split)
 
 
-def check_text_type(feature: Any, key: str, column: str, split: str) -> None:
+def check_text_type(feature: object, key: str, column: str, split: str) -> None:
     """From the schema, not the rows: str() of a number or a list would train on nonsense."""
     if getattr(feature, "dtype", None) in TEXT_DTYPES:  # a ClassLabel's dtype is int64
         return
@@ -289,7 +293,7 @@ def check_text_type(feature: Any, key: str, column: str, split: str) -> None:
     )
 
 
-def feature_type(feature: Any) -> str:
+def feature_type(feature: object) -> str:
     """A column's type in a few words: int64, list of string, class label, struct."""
     if hasattr(feature, "names"):  # ClassLabel: ints with names
         return "class label"
@@ -300,7 +304,7 @@ def feature_type(feature: Any) -> str:
     return str(getattr(feature, "dtype", type(feature).__name__))
 
 
-def drop_null_texts(rows: Any, wanted: list[tuple[str, str]], split: str) -> Any:
+def drop_null_texts(rows: Dataset, wanted: list[tuple[str, str]], split: str) -> Dataset:
     """Rows whose text is null (JSON null, an empty CSV cell) carry no text: dropped, counted
     in a warning, the same in every task, rather than read as "" or as "None"."""
     columns = [column for _, column in wanted]
@@ -319,14 +323,14 @@ def drop_null_texts(rows: Any, wanted: list[tuple[str, str]], split: str) -> Any
     return kept
 
 
-def dataset_identity(data_cfg: DataConfig) -> dict[str, Any]:
+def dataset_identity(data_cfg: DataConfig) -> dict[str, object]:
     """What determines the rows: files by path, size and modification time; a saved dataset by
     the same of the files save_to_disk wrote (its arrow data and state); a hub name by name;
     and ROWS_VERSION, how they are read."""
     return {"rows_version": ROWS_VERSION, **_dataset_identity(data_cfg)}
 
 
-def _dataset_identity(data_cfg: DataConfig) -> dict[str, Any]:
+def _dataset_identity(data_cfg: DataConfig) -> dict[str, object]:
     if data_cfg.dataset:
         return {
             "dataset": str(data_cfg.dataset),
@@ -334,7 +338,7 @@ def _dataset_identity(data_cfg: DataConfig) -> dict[str, Any]:
             "splits": [data_cfg.train_split, data_cfg.val_split],
             "files": file_fingerprints(saved_files(Path(str(data_cfg.dataset)).expanduser())),
         }
-    ident: dict[str, Any] = {"files": file_fingerprints(expand_paths(list(data_cfg.paths)))}
+    ident: dict[str, object] = {"files": file_fingerprints(expand_paths(list(data_cfg.paths)))}
     if data_cfg.val_paths:
         ident["val_files"] = file_fingerprints(
             expand_paths(list(data_cfg.val_paths), "data.val_paths")

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +24,9 @@ from app.core.atomic import atomic_write_text
 from app.core.errors import ConfigError, first_line
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerBase
+
     from app.components.data.config import DataConfig
 
 BYTE_EOS = 0
@@ -97,7 +100,7 @@ def _trained_bpe(
 
 def bpe_tokenizer(
     cfg: DataConfig, train_docs: Iterable[str] | Iterable[list[str]], files: list[str]
-) -> Any:
+) -> Tokenizer:
     """The BPE trained on this data's train split: from the cache, else trained and cached."""
     from tokenizers import Tokenizer
 
@@ -109,7 +112,7 @@ def bpe_tokenizer(
     return tok
 
 
-def _train_bpe(texts: Iterable[str] | Iterable[list[str]], vocab_size: int) -> Any:
+def _train_bpe(texts: Iterable[str] | Iterable[list[str]], vocab_size: int) -> Tokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -137,7 +140,7 @@ def _bpe_cache_key(cfg: DataConfig, files: list[str]) -> str:
     return content_hash({"text": text_identity(cfg, files), "vocab": cfg.tokenizer_vocab_size})
 
 
-def load_hf_tokenizer(name: str) -> Any:
+def load_hf_tokenizer(name: str) -> PreTrainedTokenizerBase:
     """A transformers tokenizer by local path or hub name; one line naming data.tokenizer."""
     from transformers import AutoTokenizer
 
@@ -158,13 +161,19 @@ def pretrained_tokenizer(name: str) -> TextTokenizer:
         # verbose=False: documents longer than model_max_length are fine, we pack them.
         return tok(texts, add_special_tokens=False, verbose=False)["input_ids"]
 
+    def decode(ids: list[int]) -> str:
+        text = tok.decode(ids)
+        if not isinstance(text, str):  # a list of texts only for a batch of sequences
+            raise TypeError(f"{name}: decode gave {type(text).__name__} for one sequence")
+        return text
+
     return TextTokenizer(
         name=name,
         vocab_size=len(tok),
         eos_id=eos,
         pad_id=tok.pad_token_id,
         encode_batch=encode_batch,
-        decode=lambda ids: tok.decode(ids),
+        decode=decode,
     )
 
 
@@ -178,7 +187,7 @@ def tokenize_documents(docs: list[str], tok: TextTokenizer) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int64)
 
 
-def tokenizer_identity(cfg: DataConfig) -> Any:
+def tokenizer_identity(cfg: DataConfig) -> str | list[object]:
     if cfg.tokenizer == "byte":
         return "byte"
     if cfg.tokenizer == "train":
@@ -189,5 +198,5 @@ def tokenizer_identity(cfg: DataConfig) -> Any:
     return cfg.tokenizer  # a hub name: assume a given name keeps its tokenizer
 
 
-def content_hash(obj: Any) -> str:
+def content_hash(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]

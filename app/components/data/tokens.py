@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +32,8 @@ from app.core.atomic import atomic_write
 from app.core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from app.components.data.config import DataConfig
 
 # Bump when tokenization or packing changes, so old caches are not reused.
@@ -94,7 +96,7 @@ def _document_token_streams(cfg: DataConfig, files: list[str]) -> TokenStreams:
     )
 
 
-def transformers_tokenizer(cfg: DataConfig) -> Any | None:
+def transformers_tokenizer(cfg: DataConfig) -> PreTrainedTokenizerBase | None:
     """This data's tokenizer as a transformers tokenizer (what an export saves); None for
     synthetic ids of a BPE that has no text to be trained on."""
     from app.components.data.hf_tokenizer import byte_tokenizer, causal_lm_tokenizer

@@ -6,20 +6,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from app.core.errors import ConfigError, first_line
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PretrainedConfig, PreTrainedModel
 
     from app.components.data.task_data import TaskData
     from app.components.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
+M = TypeVar("M")
 
 
-def label_mapping(labels: list[str]) -> dict[str, Any]:
+class LabelMapping(TypedDict):
+    """The head's labels, as a transformers config takes them."""
+
+    num_labels: int
+    id2label: dict[int, str]
+    label2id: dict[str, int]
+
+
+def label_mapping(labels: list[str]) -> LabelMapping:
     return {
         "num_labels": len(labels),
         "id2label": dict(enumerate(labels)),
@@ -29,6 +39,8 @@ def label_mapping(labels: list[str]) -> dict[str, Any]:
 
 def encoder_sizes(m: ModelConfig, data: TaskData) -> dict[str, Any]:
     """The config keys every encoder family takes, from model.* and the data's labels."""
+    # Any: keywords of the transformers config classes, whose signatures leave out the labels
+    # they take through PretrainedConfig's own keywords.
     return {
         "vocab_size": m.vocab_size or data.vocab_size,
         "hidden_size": m.n_embd,
@@ -43,7 +55,7 @@ def encoder_sizes(m: ModelConfig, data: TaskData) -> dict[str, Any]:
     }
 
 
-def build_classifier(class_name: str, config: Any, m: ModelConfig) -> torch.nn.Module:
+def build_classifier(class_name: str, config: PretrainedConfig, m: ModelConfig) -> torch.nn.Module:
     """transformers.<class_name> from `config`, untrained, with the attention asked for."""
     import transformers
 
@@ -58,7 +70,7 @@ def build_classifier(class_name: str, config: Any, m: ModelConfig) -> torch.nn.M
     return model
 
 
-def with_attention_fallback(make: Callable[[str], Any], wanted: str) -> Any:
+def with_attention_fallback(make: Callable[[str], M], wanted: str) -> M:
     """make(wanted), or make("eager") when the architecture has no such attention kernel."""
     try:
         return make(wanted)
@@ -92,7 +104,7 @@ def load_pretrained_classifier(m: ModelConfig, data: TaskData) -> torch.nn.Modul
             "an encoder (DeBERTa, BERT, RoBERTa, ...)"
         )
 
-    def load(attn: str) -> torch.nn.Module:
+    def load(attn: str) -> PreTrainedModel:
         return AutoModelForSequenceClassification.from_pretrained(
             path,
             config=config,
@@ -115,7 +127,7 @@ def load_pretrained_classifier(m: ModelConfig, data: TaskData) -> torch.nn.Modul
     return model
 
 
-def check_vocab(model: Any, m: ModelConfig, tokenizer_vocab: int) -> None:
+def check_vocab(model: PreTrainedModel, m: ModelConfig, tokenizer_vocab: int) -> None:
     if model.config.vocab_size < tokenizer_vocab:
         raise ConfigError(
             f"model.path={m.path} has vocab_size {model.config.vocab_size} but the tokenizer "

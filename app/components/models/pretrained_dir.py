@@ -4,11 +4,13 @@ tokenizer files, no weights), so a run can be checked against it before any work
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.core.errors import ConfigError, first_line
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
     from app.components.data.config import DataConfig
     from app.components.models.config import ModelConfig
     from app.components.models.families import Task
@@ -29,7 +31,7 @@ def has_tokenizer(directory: Path) -> bool:
     return any((directory / f).is_file() for f in TOKENIZER_FILES)
 
 
-def model_config(directory: Path) -> Any:
+def model_config(directory: Path) -> PretrainedConfig:
     from transformers import AutoConfig
 
     try:
@@ -52,7 +54,7 @@ def tokenizer_size(directory: Path) -> int:
         ) from None
 
 
-def position_limit(config: Any) -> int | None:
+def position_limit(config: PretrainedConfig) -> int | None:
     """The longest sequence the checkpoint's position embeddings cover (None: no limit, as for
     DeBERTa-v3's relative positions). RoBERTa's positions start after its padding index."""
     if getattr(config, "position_biased_input", True) is False:
@@ -97,7 +99,7 @@ def check_checkpoint(m: ModelConfig, data: DataConfig, task: Task) -> None:
         )
 
 
-def check_positions(m: ModelConfig, data: DataConfig, task: Task, config: Any) -> None:
+def check_positions(m: ModelConfig, data: DataConfig, task: Task, config: PretrainedConfig) -> None:
     key, length = task.sequence_setting, task.sequence_length(data)
     limit = position_limit(config)
     if limit is not None and length > limit:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -23,7 +23,11 @@ class ModelShape:
 
 
 def model_shape(model: torch.nn.Module) -> ModelShape:
-    config: Any = model.config  # a transformers PretrainedConfig
+    from transformers import PretrainedConfig
+
+    config = model.config
+    if not isinstance(config, PretrainedConfig):
+        raise TypeError(f"{type(model).__name__} has no transformers config to size it by")
     seen: set[int] = set()
     n = 0
     for name, p in model.named_parameters():

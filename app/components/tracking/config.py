@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from app.components.tracking.mlflow_sink import MlflowConfig
@@ -16,5 +17,6 @@ class TrackingConfig:
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
     def check(self) -> None:
-        self.wandb.check()
-        self.mlflow.check()
+        """Each tracker's node checks itself: a new tracker is its field here, nothing more."""
+        for node in dataclasses.fields(self):
+            getattr(self, node.name).check()
