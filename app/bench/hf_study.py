@@ -42,10 +42,13 @@ def main(spec_path: str) -> int:
     composed = compose("train", spec["overrides"], return_hydra_config=True)
     space = _space(composed.hydra.sweeper.params)
     cfg = load_config(compose("train", spec["overrides"]))
+    micro = cfg.training.fixed_micro_batch
+    if micro is None:
+        raise SystemExit("the study bench needs a fixed training.micro_batch_size")
     trainer = _trainer(cfg, spec["tmp"])
     storage = optuna.storages.JournalStorage(JournalFileBackend(spec["journal"]))
     trainer.hyperparameter_search(
-        hp_space=lambda trial: _suggest(trial, space, cfg.training.micro_batch_size),
+        hp_space=lambda trial: _suggest(trial, space, micro),
         backend="optuna",
         n_trials=spec["n_trials"],
         direction="minimize",

@@ -124,8 +124,12 @@ def run_trainer_study(extra: list[str], name: str) -> StudyResult:
 
     cfg = _config(STUDY + extra)
     hpo, t = cfg.hpo, cfg.training
-    if hpo is None or t.max_steps is None:
-        raise SystemExit("--hpo-peers: the study needs hpo settings and training.max_steps")
+    micro = t.fixed_micro_batch
+    if hpo is None or t.max_steps is None or micro is None:
+        raise SystemExit(
+            "--hpo-peers: the study needs hpo settings, training.max_steps and a fixed "
+            "training.micro_batch_size"
+        )
     pruner_args = _peer_pruner_args(name, t.eval_every, t.max_steps)
     with tempfile.TemporaryDirectory(prefix="bench-hf-study-") as tmp:
         spec: PeerSpec = {
@@ -145,7 +149,7 @@ def run_trainer_study(extra: list[str], name: str) -> StudyResult:
             raise SystemExit(f"Trainer study failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         storage = optuna.storages.JournalStorage(JournalFileBackend(spec["journal"]))
         trials = optuna.load_study(study_name="peer", storage=storage).get_trials()
-    rows = [_trainer_row(trial, t.max_steps, t.micro_batch_size) for trial in trials]
+    rows = [_trainer_row(trial, t.max_steps, micro) for trial in trials]
     values = [r["value"] for r in rows if r["state"] == "COMPLETE"]
     done = [v for v in values if v is not None]
     return {

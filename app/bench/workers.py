@@ -165,8 +165,8 @@ def _wants_cuda(cfg) -> bool:
 
 
 def _batch_plan(cfg) -> tuple[int, int]:
-    eff, micro = cfg.training.effective_batch_size, cfg.training.micro_batch_size
-    if eff % micro:
+    eff, micro = cfg.training.effective_batch_size, cfg.training.fixed_micro_batch
+    if micro is None or eff % micro:
         raise SystemExit("bench needs training.effective_batch_size divisible by micro_batch_size")
     return micro, eff // micro
 
