@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -191,7 +190,7 @@ class Promoter:
 
 def promotion(t: FrozenTrial) -> FrozenTrial:
     """The WAITING copy of paused trial t that resumes it."""
-    attrs: dict[str, Any] = {ROOT: root(t), PROMOTED_FROM: t.number, UNCOUNTED: True}
+    attrs: dict[str, object] = {ROOT: root(t), PROMOTED_FROM: t.number, UNCOUNTED: True}
     return optuna.trial.create_trial(
         state=TrialState.WAITING,
         params=t.params,

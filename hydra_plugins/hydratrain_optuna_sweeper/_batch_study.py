@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -66,7 +65,7 @@ def noise_curve(run_dir: str | None) -> list[tuple[int, float]]:
 
 def write_batch_study(
     study: optuna.Study, cfg: BatchSizeStudyConfig, sweep_dir: str
-) -> dict[str, Any] | None:
+) -> dict[str, object] | None:
     """The analysis for optimization_results.yaml, its image written beside it; None (one
     warning) where it cannot be made: a study's results never fail over it."""
     try:

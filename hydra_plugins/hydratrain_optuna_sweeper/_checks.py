@@ -10,7 +10,6 @@ job config with the other keys at their first value and put through the app's ow
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -18,7 +17,7 @@ from app.hpo import ConfigError, check_job_config, objectives, one_line, task_of
 
 from ._errors import SweepConfigError
 from ._settings import SweepSettings
-from ._space import SearchSpace, ends
+from ._space import SearchSpace, Value, ends
 
 Compose = Callable[[list[str]], DictConfig]
 
@@ -34,7 +33,7 @@ def check_space(compose: Compose, space: SearchSpace, config_name: str) -> DictC
 
 
 def _job_config(
-    compose: Compose, space: SearchSpace, point: dict[str, Any], config_name: str, where: str
+    compose: Compose, space: SearchSpace, point: dict[str, Value], config_name: str, where: str
 ) -> DictConfig:
     overrides = [
         *space.fixed_overrides(point),
@@ -84,7 +83,7 @@ def _check_resumable(cfg: DictConfig, s: SweepSettings) -> None:
         )
 
 
-def _one_of(key: str, names: Sequence[Any], allowed: dict[str, str], what: str) -> None:
+def _one_of(key: str, names: Sequence[str | None], allowed: dict[str, str], what: str) -> None:
     for name in names:
         if name not in allowed:
             raise SweepConfigError(

@@ -27,7 +27,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from types import FrameType
+from typing import IO
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -171,7 +172,7 @@ class LocalFleet:
             yield
             return
 
-        def forward(signum: int, _frame: Any) -> None:
+        def forward(signum: int, _frame: FrameType | None) -> None:
             self.signum = self.signum or signum
             log.warning(
                 "%s received: passed to every worker, which records its trial and stops "

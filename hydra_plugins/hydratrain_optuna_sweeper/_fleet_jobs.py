@@ -19,10 +19,11 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict, read_write
 
@@ -38,8 +39,8 @@ class FleetJob:
     """The task of one launched job: worker <hydra.job.num> of the fleet. Pickled by the
     launcher (cloudpickle), so it holds what a sweeper needs, not a sweeper."""
 
-    sweeper_cls: Any  # OptunaSweeperImpl, by reference
-    options: dict[str, Any]
+    sweeper_cls: Callable[[Mapping[str, object], bool], Sweeper]  # OptunaSweeperImpl
+    options: Mapping[str, object]
     stock_node: bool
     hydra_context: HydraContext
     task_function: TaskFunction

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
@@ -19,6 +19,9 @@ from ._fleet_jobs import FleetJob, launch_fleet
 from ._fleet_plan import FleetPlan, fleet_worker, plan_fleet
 from ._results import write_results
 from ._settings import SweepSettings
+
+if TYPE_CHECKING:
+    from ._worker import Plan
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +40,9 @@ class Fleet:
     def local(self) -> bool:
         return runs_here(self.config)
 
-    def run(self, plan: Any) -> int:
+    def run(self, plan: Plan) -> int:
         """Run the fleet on `plan.study` until its budget is spent; the fleet's status."""
-        s: SweepSettings = plan.settings
+        s = plan.settings
         where = "processes of this node" if self.local else "jobs of the configured launcher"
         log.info(
             "Fleet: %s as %s, study in %s; logs in %s/workers",
@@ -64,7 +67,7 @@ class Fleet:
             )
 
 
-def runs_here(config: Any) -> bool:
+def runs_here(config: DictConfig) -> bool:
     """Hydra's basic launcher runs jobs one after another in this process: a fleet's workers
     are then processes of this node."""
     choices = config.hydra.runtime.choices

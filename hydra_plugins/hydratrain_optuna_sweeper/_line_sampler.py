@@ -10,7 +10,6 @@ everything else (the storage, the seed, what the sampler writes) is the study's 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -34,7 +33,7 @@ class LineSampler(optuna.samplers.BaseSampler):
 
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         return self.inner.sample_relative(self._seen(study), trial, search_space)
 
     def sample_independent(
@@ -43,7 +42,7 @@ class LineSampler(optuna.samplers.BaseSampler):
         trial: FrozenTrial,
         param_name: str,
         param_distribution: BaseDistribution,
-    ) -> Any:
+    ) -> object:
         seen = self._seen(study)
         return self.inner.sample_independent(seen, trial, param_name, param_distribution)
 

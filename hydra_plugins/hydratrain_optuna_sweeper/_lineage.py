@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -46,9 +45,9 @@ def promoted(t: FrozenTrial) -> bool:
     return PROMOTED_FROM in t.system_attrs
 
 
-def copy_attrs(t: FrozenTrial) -> dict[str, Any]:
+def copy_attrs(t: FrozenTrial) -> dict[str, object]:
     """The system attrs a copy of t carries to stay in t's line."""
-    attrs: dict[str, Any] = {ROOT: root(t)}
+    attrs: dict[str, object] = {ROOT: root(t)}
     if promoted(t):
         attrs[PROMOTED_FROM] = t.system_attrs[PROMOTED_FROM]
     return attrs

@@ -23,7 +23,7 @@ import signal
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import SupportsFloat, SupportsIndex
 
 import optuna
 from hydra.core.utils import JobReturn
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 class Outcome:
     state: TrialState
     values: list[float] | None = None
-    attrs: dict[str, Any] = field(default_factory=dict)
+    attrs: dict[str, object] = field(default_factory=dict)
     preempted_by: int | None = None  # the signal that stopped the job
     paused_at: int | None = None  # the rung step hpo.pruner=asha paused the job at
     # An unexpected error's traceback, as text (the exception itself would pin the job's model):
@@ -87,11 +87,11 @@ def from_exception(exc: BaseException) -> Outcome:
     return Outcome(TrialState.FAIL, attrs=error_attrs("error", exc), trace=trace)
 
 
-def error_attrs(reason: str, exc: BaseException) -> dict[str, Any]:
+def error_attrs(reason: str, exc: BaseException) -> dict[str, object]:
     return {"reason": reason, "error": f"{type(exc).__name__}: {exc}"[:2000]}
 
 
-def from_value(value: Any, n: int) -> Outcome:
+def from_value(value: object, n: int) -> Outcome:
     values = _as_floats(value)
     if values is None or len(values) != n:
         kind = "a float" if n == 1 else f"a list or tuple of {n} floats"
@@ -104,13 +104,18 @@ def from_value(value: Any, n: int) -> Outcome:
     return Outcome(TrialState.COMPLETE, values=values)
 
 
-def _as_floats(value: Any) -> list[float] | None:
-    try:
-        if isinstance(value, list | tuple):
-            return [float(v) for v in value]
-        return [float(value)]
-    except (TypeError, ValueError):
-        return None
+def _as_floats(value: object) -> list[float] | None:
+    """The objective values a job returned (a number, or a list or tuple of them)."""
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    floats = []
+    for item in items:
+        if not isinstance(item, SupportsFloat | SupportsIndex | str):
+            return None
+        try:
+            floats.append(float(item))
+        except (TypeError, ValueError):
+            return None
+    return floats
 
 
 def _run_dir(ret: JobReturn) -> str | None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Container, Iterator
-from typing import Any
 
 import optuna
 from hydra.core.utils import JobReturn, JobStatus
@@ -64,11 +63,13 @@ def trial_id(trial: Trial | FrozenTrial) -> int:
     return trial._trial_id
 
 
-def set_system_attr(study: optuna.Study, trial: Trial | FrozenTrial, key: str, value: Any) -> None:
+def set_system_attr(
+    study: optuna.Study, trial: Trial | FrozenTrial, key: str, value: int | float
+) -> None:
     storage_of(study).set_trial_system_attr(trial_id(trial), key, value)
 
 
-def set_user_attr(study: optuna.Study, trial: Trial | FrozenTrial, key: str, value: Any) -> None:
+def set_user_attr(study: optuna.Study, trial: Trial | FrozenTrial, key: str, value: object) -> None:
     """A user attribute on any running trial, this worker's or another's."""
     storage_of(study).set_trial_user_attr(trial_id(trial), key, value)
 
@@ -101,7 +102,7 @@ def _trial_id_of(study: optuna.Study, number: int) -> int:
     return storage_of(study).get_trial_id_from_study_id_trial_number(study._study_id, number)
 
 
-def job_result(ret: JobReturn) -> tuple[Any, BaseException | None]:
+def job_result(ret: JobReturn) -> tuple[object, BaseException | None]:
     """(return value, None) for a job that completed, (None, its exception) otherwise."""
     if ret.status == JobStatus.COMPLETED:
         return ret._return_value, None
@@ -146,7 +147,7 @@ def retry_history(t: FrozenTrial) -> list[int]:
     return list(t.system_attrs.get("retry_history", []))
 
 
-def retry_attrs(t: FrozenTrial) -> dict[str, Any]:
+def retry_attrs(t: FrozenTrial) -> dict[str, object]:
     """The system attrs of a re-queued copy of t."""
     history = [*retry_history(t), t.number]
     return {"failed_trial": history[0], "retry_history": history}

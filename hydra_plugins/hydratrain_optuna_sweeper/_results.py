@@ -12,7 +12,7 @@ import math
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import optuna
 from omegaconf import OmegaConf
@@ -21,6 +21,9 @@ from optuna.trial import FrozenTrial, TrialState
 from app.hpo import BatchSizeStudyConfig, TrialAttrs
 
 from ._errors import NoTrialCompleted
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ def trial_counts(trials: list[FrozenTrial]) -> dict[str, int]:
     return dict(Counter(t.state.name for t in trials))
 
 
-def _solution(t: FrozenTrial) -> dict[str, Any]:
+def _solution(t: FrozenTrial) -> dict[str, object]:
     return {
         "params": dict(t.params),
         "values": list(t.values or []),
@@ -57,9 +60,9 @@ def summarize(
     metrics: list[str] | None,
     batch_study: BatchSizeStudyConfig | None = None,
     sweep_dir: str = ".",
-) -> dict[str, Any]:
+) -> dict[str, object]:
     trials = study.get_trials(deepcopy=False)
-    data: dict[str, Any] = {
+    data: dict[str, object] = {
         "name": "optuna",
         "study_name": study.study_name,
         "storage": storage,
@@ -109,7 +112,7 @@ class HParamsWriter:
 
     def __init__(self, sweep_dir: str) -> None:
         self.root = str(Path(sweep_dir, "tensorboard"))
-        self._writer: Any = None
+        self._writer: SummaryWriter | None = None
 
     def write(self, trial: FrozenTrial, metrics: list[str] | None) -> None:
         try:
@@ -122,7 +125,7 @@ class HParamsWriter:
 
         if self._writer is None:
             self._writer = SummaryWriter(log_dir=self.root)
-        hparams: dict[str, Any] = {k: _hparam(v) for k, v in trial.params.items()}
+        hparams = {k: _hparam(v) for k, v in trial.params.items()}
         hparams["state"] = trial.state.name
         values = list(trial.values or [])
         scores = {
@@ -147,5 +150,5 @@ class HParamsWriter:
             self._writer.close()
 
 
-def _hparam(value: Any) -> Any:
+def _hparam(value: object) -> bool | int | float | str:
     return value if isinstance(value, bool | int | float | str) else str(value)

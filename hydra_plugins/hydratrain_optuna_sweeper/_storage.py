@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import unquote
 
 from omegaconf import DictConfig, OmegaConf
@@ -26,6 +26,9 @@ from omegaconf import DictConfig, OmegaConf
 from app.hpo import MASK, URL_PASSWORD, mask_url_passwords
 
 from ._errors import StorageUnreachable, SweepConfigError, first_line
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage, JournalStorage
 
 STORAGE_ENV = "HYDRATRAIN_HPO_STORAGE"
 JOURNAL_NAME = "study.journal"
@@ -65,7 +68,7 @@ class Masker:
 @dataclass(frozen=True)
 class StorageSpec:
     kind: str  # memory | journal | url | object
-    target: Any  # the journal's absolute path, the URL, or the object's config node
+    target: str | DictConfig | None  # the journal's absolute path, the URL, the object's node
     key: str  # the setting that named it, for error lines
 
     @property
@@ -89,7 +92,7 @@ class StorageSpec:
         return self.kind in ("journal", "url")
 
 
-def storage_spec(value: Any, key: str, sweep_dir: str, null_is_memory: bool) -> StorageSpec:
+def storage_spec(value: object, key: str, sweep_dir: str, null_is_memory: bool) -> StorageSpec:
     """The setting as given -> what it names. A relative path is taken from the launch dir."""
     if isinstance(value, DictConfig | dict):
         if "_target_" not in value:
@@ -107,7 +110,7 @@ def storage_spec(value: Any, key: str, sweep_dir: str, null_is_memory: bool) -> 
     return StorageSpec("journal", str(Path(text).absolute()), key)
 
 
-def open_storage(spec: StorageSpec, mask: Masker) -> Any:
+def open_storage(spec: StorageSpec, mask: Masker) -> BaseStorage:
     """An Optuna storage; one that cannot be opened fails naming the setting (password masked)."""
     import optuna
 
@@ -117,14 +120,14 @@ def open_storage(spec: StorageSpec, mask: Masker) -> Any:
         if spec.kind == "url":
             # pool_pre_ping: after a database restart, a dead pooled connection is replaced
             # instead of failing the next call ("invalid data in the commit").
-            url = with_driver(spec.target, spec.key)
+            url = with_driver(str(spec.target), spec.key)
             return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
         if spec.kind == "object":
             from hydra.utils import instantiate
 
             return instantiate(spec.target)
-        Path(spec.target).parent.mkdir(parents=True, exist_ok=True)
-        return journal(spec.target)
+        Path(str(spec.target)).parent.mkdir(parents=True, exist_ok=True)
+        return journal(str(spec.target))
     except SweepConfigError:
         raise
     except Exception as e:
@@ -133,7 +136,7 @@ def open_storage(spec: StorageSpec, mask: Masker) -> Any:
         ) from None
 
 
-def journal(path: str) -> Any:
+def journal(path: str) -> JournalStorage:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 

@@ -24,13 +24,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from . import _private as private
+from ._asha import Promoter
+from ._cost import CostCap
 from ._lineage import UNCOUNTED, copy_attrs, promoted
 from ._settings import Liveness
 from ._storage import retrying
@@ -80,8 +81,8 @@ class Budget(abc.ABC):
         lock_path: str | None,
         live: Liveness,
         *,
-        promoter: Any = None,
-        cost: Any = None,
+        promoter: Promoter | None = None,
+        cost: CostCap | None = None,
     ) -> None:
         self.study = study
         self.n_trials = n_trials
@@ -278,7 +279,9 @@ def _fail_stale(study: optuna.Study, t: FrozenTrial, error: str, uncount: bool) 
     return private.claim_failed(study, t)
 
 
-def requeue(study: optuna.Study, t: FrozenTrial, user_attrs: dict[str, Any] | None = None) -> None:
+def requeue(
+    study: optuna.Study, t: FrozenTrial, user_attrs: Mapping[str, object] | None = None
+) -> None:
     """Queue the same parameters again, recorded as Optuna's RetryFailedTrialCallback does
     (`failed_trial`, `retry_history`), so its `retried_trial_number()` works on them."""
     system_attrs = {**private.retry_attrs(t), **copy_attrs(t)}

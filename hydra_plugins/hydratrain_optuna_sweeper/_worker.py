@@ -293,7 +293,9 @@ class Worker:
             if total < rule.min_trials:
                 return
         if total and n / total > rule.max_rate:
-            last = f" (last: {first_line(failed[-1].attrs.get('error', ''))})" if failed else ""
+            last = (
+                f" (last: {first_line(str(failed[-1].attrs.get('error', '')))})" if failed else ""
+            )
             raise SweepAborted(
                 f"{n} of {total} trials failed{last}, more than {rule.key}={rule.max_rate}: "
                 "sweep stopped"
