@@ -107,7 +107,7 @@ class TrialAttrs:
     run_dir: str | None = None
     status: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
     @classmethod
@@ -135,8 +135,10 @@ class NullReporter:
         pass
 
 
-def build_reporter(hpo: HpoConfig | Any | None, config: Any) -> Reporter:
-    """The trial's reporter when the sweeper made this run a trial, else a no-op."""
+def build_reporter(hpo: object, config: object) -> Reporter:
+    """The trial's reporter when the sweeper made this run a trial, else a no-op. `hpo`: the
+    run's hpo node (typed, a DictConfig, or None); `config`: the run's config, handed to the
+    factory `hpo.reporter` names."""
     number, path = getattr(hpo, "trial_number", None), getattr(hpo, "reporter", None)
     if number is None or not path:  # not a trial (or another app's hpo node without them)
         return NullReporter()

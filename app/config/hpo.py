@@ -24,6 +24,11 @@ class BatchSizeStudyConfig:
 
 @dataclass
 class HpoConfig:
+    """A field that takes a value or a list (direction, metric), a number or a word (workers),
+    or a mapping the command line may extend is typed Any: OmegaConf 2.3 takes no Union but
+    Optional. The sweeper narrows each into a typed value where it reads the settings
+    (`_settings.read_settings`, `_fleet_plan.FleetAsk`); nothing downstream sees them raw."""
+
     study_name: str = "hydratrain"
     # A path: an Optuna journal file; a URL (postgresql://..., sqlite:///...): an RDB storage;
     # null: <hydra.sweep.dir>/study.journal. `${oc.env:VAR}` keeps a password out of files.
