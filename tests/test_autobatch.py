@@ -18,6 +18,7 @@ from app.engine.batch import cache as batch_cache
 from app.engine.batch import choice
 from app.engine.batch.probe import auto_plan
 from app.engine.run import Observers
+from app.engine.summary import Summary
 from tests.conftest import AUTO_TINY
 from tests.fakes import Attempts, RecordingLM
 
@@ -173,8 +174,7 @@ def test_auto_under_injected_oom_trains_exactly_like_that_micro_batch_fixed(cach
         want = [r[key] for r in f if key in r]
         assert len(got) == len(want) > 0
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
-    summary = json.loads((tmp_path / "auto/summary.json").read_text())
-    assert summary["batch_details"]["probe_steps"] > 0
+    assert Summary.read(tmp_path / "auto").batch_details["probe_steps"] > 0
 
 
 # --- the cache -------------------------------------------------------------------------------

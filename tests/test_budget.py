@@ -16,6 +16,7 @@ from app.core.outcomes import Pruned, TrainingOOM
 from app.engine import checkpoint as ckpt
 from app.engine.run import Observers
 from app.engine.runner import run_training
+from app.engine.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._samplers import EvalSchedule, build_pruner
 from tests.conftest import ROOT, compose, config, tiny
 
@@ -204,8 +205,8 @@ def test_a_pruner_judges_trials_of_two_batch_sizes_at_equal_data(tmp_path):
     first, second = study.trials
     assert list(first.intermediate_values) == [32, 64, 96]
     assert list(second.intermediate_values) == [32]  # pruned at its first mark
-    summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
-    assert (summary["status"], summary["samples_seen"], summary["steps"]) == ("pruned", 32, 4)
+    summary = Summary.read(tmp_path / "bad")
+    assert (summary.status, summary.samples_seen, summary.steps) == ("pruned", 32, 4)
 
 
 @pytest.mark.slow
@@ -230,8 +231,7 @@ def test_lr_scaling_is_applied_to_the_optimizer_and_recorded(tmp_path):
         assert summary.lr_scaling == scaling
         logged = [r["train/learning_rate"] for r in _records(run_dir, "train/learning_rate")]
         assert logged == [pytest.approx(1e-3 * factor)] * 2  # what the optimizer stepped with
-        banner = json.loads((run_dir / "summary.json").read_text())
-        assert banner["lr"] == pytest.approx(1e-3 * factor)
+        assert Summary.read(run_dir).lr == pytest.approx(1e-3 * factor)
 
 
 @pytest.mark.slow

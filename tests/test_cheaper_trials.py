@@ -3,8 +3,6 @@ last evaluation that is the trial's result (never pruned), and data loaded once 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -15,6 +13,7 @@ from app.config.compose import compose
 from app.core.outcomes import Pruned
 from app.engine.run import Observers
 from app.engine.runner import run_training
+from app.engine.summary import Summary
 from tests.conftest import AUTO_TINY
 
 
@@ -113,8 +112,8 @@ def test_a_trial_is_never_pruned_at_its_last_evaluation(cache_dir, tmp_path):
 def test_a_trial_is_pruned_at_an_earlier_evaluation(cache_dir, tmp_path):
     with pytest.raises(Pruned):
         run_training(tiny_cfg(cache_dir), tmp_path / "early", Observers(reporter=PruneAt(3)))
-    summary = json.loads((tmp_path / "early" / "summary.json").read_text())
-    assert summary["status"] == "pruned" and summary["steps"] == 3
+    summary = Summary.read(tmp_path / "early")
+    assert summary.status == "pruned" and summary.steps == 3
 
 
 def test_the_data_is_loaded_once_per_process_while_its_config_stays(

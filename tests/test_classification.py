@@ -23,6 +23,7 @@ from app.engine.batch.plan import BatchPlan
 from app.engine.run import Run
 from app.engine.runner import run_training
 from app.engine.step import train_step
+from app.engine.summary import Summary
 from tests.conftest import config, run_cli
 
 FP32 = PrecisionPlan("fp32", None, False, False, "test")
@@ -232,7 +233,7 @@ def test_an_oom_at_micro_batch_1_ends_in_status_oom(tmp_path):
     cfg = config(nli(tmp_path, "training.micro_batch_size=auto", "faults.oom_above_micro_batch=0"))
     with pytest.raises(TrainingOOM):
         run_training(cfg, tmp_path / "run")
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "oom"
+    assert Summary.read(tmp_path / "run").status == "oom"
 
 
 @pytest.mark.slow
@@ -280,15 +281,15 @@ def test_an_accuracy_study_samples_the_batch_scores_accuracy_and_prunes_an_oom(t
         if t.params["faults.oom_above_micro_batch"] == 0:
             assert t.user_attrs["reason"] == "oom"
             continue
-        summary = json.loads((Path(t.user_attrs["run_dir"]) / "summary.json").read_text())
+        summary = Summary.read(t.user_attrs["run_dir"])
         assert t.user_attrs["effective_batch_size"] == t.params["training.effective_batch_size"]
         # What the pruner saw at each evaluation is the accuracy, not the loss (no step-0
         # evaluation in a trial: hpo=optuna skips it).
         assert set(t.intermediate_values) == {3, 6}
         assert all(0.0 <= v <= 1.0 for v in t.intermediate_values.values())
         if t.state == optuna.trial.TrialState.COMPLETE:
-            assert t.value == pytest.approx(summary["final_val_accuracy"])
-            assert t.intermediate_values[6] == pytest.approx(summary["final_val_accuracy"])
+            assert t.value == pytest.approx(summary.final_val["accuracy"])
+            assert t.intermediate_values[6] == pytest.approx(summary.final_val["accuracy"])
 
 
 # --- labelled data from files and datasets -----------------------------------------------

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from app.cli.preflight import one_line, split_argv
 from app.config import ConfigError, load_config
+from app.engine.summary import Summary
 from tests.conftest import compose, run_cli, tiny
 
 
@@ -138,5 +137,5 @@ def test_out_of_memory_even_at_micro_batch_1_is_one_line(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: out of memory at micro-batch 1")
     assert "Traceback" not in proc.stderr
-    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert summary["status"] == "oom" and summary["oom_count"] == 3  # 4 -> 2 -> 1 -> out
+    summary = Summary.read(tmp_path / "r")
+    assert summary.status == "oom" and summary.oom_count == 3  # 4 -> 2 -> 1 -> out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import torch
 
 from app.components.tasks.causal_lm import CausalLM
 from app.engine import checkpoint as ckpt
+from app.engine.summary import Summary
 from tests.conftest import ROOT, run_cli, tiny
 
 
@@ -47,9 +47,9 @@ def test_two_ranks_match_one_process(tmp_path):
         timeout=600,
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["effective_batch_size"] == 9
-    assert summary["status"] == "completed"
+    summary = Summary.read(tmp_path / "ddp")
+    assert summary.world_size == 2 and summary.effective_batch_size == 9
+    assert summary.status == "completed"
     a = torch.load(
         ckpt.list_checkpoints(tmp_path / "single" / "checkpoints")[-1], weights_only=True
     )["model"]

@@ -16,6 +16,7 @@ import app.engine.runner as runner
 from app.components.hardware.cuda_alloc import apply_expandable_segments, merged, target_variable
 from app.config import TrainingConfig
 from app.engine.runner import run_training
+from app.engine.summary import Summary
 from tests.conftest import ROOT, config, tiny
 
 ALLOC_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
@@ -45,8 +46,7 @@ def test_eval_at_start_false_skips_the_step_0_evaluation(tmp_path, monkeypatch):
     summary = run_training(config(overrides), tmp_path / "run")
     assert summary.initial_val["loss"] is None and summary.final_val["loss"] is not None
     assert val_steps(tmp_path / "run") == [3, 6]
-    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert saved["initial_val_loss"] is None
+    assert Summary.read(tmp_path / "run").initial_val["loss"] is None
     # empty_cache_after_eval: once after each evaluation the run made (finish() adds its own
     # call at the very end, on a machine with CUDA only).
     assert len(calls) == 2 + torch.cuda.is_available()

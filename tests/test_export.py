@@ -16,6 +16,7 @@ import torch
 from app.cli.export import EXPORT_FILES, EXPORT_MARKER
 from app.engine import checkpoint as ckpt
 from app.engine.runner import run_training
+from app.engine.summary import Summary
 from tests.conftest import ROOT, TINY, config, run_cli, tiny
 
 FILES = {
@@ -111,8 +112,7 @@ def _same_export(a: Path, b: Path) -> None:
 def test_a_run_leaves_a_model_that_transformers_alone_loads_and_generates_with(finished, tmp_path):
     model_dir = finished / "model"
     assert {p.name for p in model_dir.iterdir()} >= FILES
-    summary = json.loads((finished / "summary.json").read_text())
-    assert summary["export_dir"] == str(model_dir)
+    assert Summary.read(finished).export_dir == str(model_dir)
 
     got = transformers_only(LOAD_AND_GENERATE, str(model_dir), cwd=tmp_path)
     assert not got["app_imported"]
@@ -129,13 +129,13 @@ def test_a_run_leaves_a_model_that_transformers_alone_loads_and_generates_with(f
 
 
 def test_training_continues_from_the_export(finished, tmp_path):
-    first = json.loads((finished / "summary.json").read_text())
+    first = Summary.read(finished)
     cfg = config(tiny(tmp_path, "model=pretrained", f"model.path={finished / 'model'}"))
     assert cfg.data.tokenizer == str(finished / "model")  # its own tokenizer: the same ids
     summary = run_training(cfg, tmp_path / "run")
     assert summary.status == "completed"
     # The same weights on the same validation blocks: it starts where the first run ended.
-    assert summary.initial_val["loss"] == pytest.approx(first["final_val_loss"], abs=1e-4)
+    assert summary.initial_val["loss"] == pytest.approx(first.final_val["loss"], abs=1e-4)
     assert summary.final_val["loss"] < summary.initial_val["loss"]
     assert summary.warnings == []
 

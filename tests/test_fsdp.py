@@ -8,7 +8,6 @@ timeout, so a rank left in a collective fails the test instead of blocking the s
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from app.engine.summary import Summary
 from tests.conftest import ROOT, TINY, run_cli
 
 pytestmark = pytest.mark.slow
@@ -46,10 +46,10 @@ def torchrun(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def completed(proc: subprocess.CompletedProcess, run_dir: Path) -> dict:
+def completed(proc: subprocess.CompletedProcess, run_dir: Path) -> Summary:
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed"
+    summary = Summary.read(run_dir)
+    assert summary.status == "completed"
     return summary
 
 
@@ -97,20 +97,20 @@ def args(base: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def fsdp2(base) -> tuple[Path, dict, str]:
+def fsdp2(base) -> tuple[Path, Summary, str]:
     run_dir = base / "fsdp2"
     proc = torchrun(run_dir, *args(base, "training.parallelism=fsdp"))
     return run_dir, completed(proc, run_dir), proc.stdout
 
 
 @pytest.fixture(scope="module")
-def ddp2(base) -> tuple[Path, dict]:
+def ddp2(base) -> tuple[Path, Summary]:
     run_dir = base / "ddp2"
     return run_dir, completed(torchrun(run_dir, *args(base)), run_dir)
 
 
 @pytest.fixture(scope="module")
-def single(base) -> tuple[Path, dict]:
+def single(base) -> tuple[Path, Summary]:
     run_dir = base / "single"
     proc = run_cli(*args(base), f"hydra.run.dir={run_dir}")
     return run_dir, completed(proc, run_dir)
@@ -121,9 +121,9 @@ def single(base) -> tuple[Path, dict]:
 
 def test_fsdp_on_two_ranks_follows_one_process(fsdp2, single):
     (run_dir, summary, _), (one_dir, one) = fsdp2, single
-    assert summary["world_size"] == 2 and summary["parallelism"] == "fsdp"
+    assert summary.world_size == 2 and summary.parallelism == "fsdp"
     # The same validation loss after 6 steps (float32 sums in another order: 1e-5).
-    assert summary["final_val_loss"] == pytest.approx(one["final_val_loss"], rel=1e-5)
+    assert summary.final_val["loss"] == pytest.approx(one.final_val["loss"], rel=1e-5)
     mine, theirs = exported(run_dir), exported(one_dir)
     assert mine.keys() == theirs.keys()
     for name in theirs:
@@ -134,9 +134,9 @@ def test_fsdp_holds_half_the_model_state_of_ddp_per_rank(fsdp2, ddp2):
     (_, fsdp, banner), (_, ddp) = fsdp2, ddp2
     # Measured on each rank's tensors after the first optimizer step.
     for kind in ("parameters", "gradients", "optimizer", "total"):
-        assert fsdp["model_state_bytes"][kind] <= 0.55 * ddp["model_state_bytes"][kind], kind
-    assert max(fsdp["model_state_bytes_per_rank"]) <= 0.55 * min(ddp["model_state_bytes_per_rank"])
-    assert len(fsdp["peak_memory_bytes_per_rank"]) == 2
+        assert fsdp.model_state_bytes[kind] <= 0.55 * ddp.model_state_bytes[kind], kind
+    assert max(fsdp.model_state_bytes_per_rank) <= 0.55 * min(ddp.model_state_bytes_per_rank)
+    assert len(fsdp.peak_memory_bytes_per_rank) == 2
     assert "0.50x of a whole copy (fsdp over 2 ranks)" in banner
 
 
@@ -176,16 +176,16 @@ def test_fsdp_trains_the_classifier_as_one_process(base):
     one = completed(run_cli(*nli, f"hydra.run.dir={base / 'nli1'}"), base / "nli1")
     two = torchrun(base / "nli2", *nli, "training.parallelism=fsdp")
     fsdp = completed(two, base / "nli2")
-    assert fsdp["final_val_loss"] == pytest.approx(one["final_val_loss"], rel=1e-5)
-    assert fsdp["final_val_accuracy"] == one["final_val_accuracy"]
-    assert fsdp["model_state_bytes"]["total"] <= 0.55 * one["model_state_bytes"]["total"]
+    assert fsdp.final_val["loss"] == pytest.approx(one.final_val["loss"], rel=1e-5)
+    assert fsdp.final_val["accuracy"] == one.final_val["accuracy"]
+    assert fsdp.model_state_bytes["total"] <= 0.55 * one.model_state_bytes["total"]
 
 
 def test_fsdp_with_activation_checkpointing_and_compile_follows_one_process(base, single):
     run_dir = base / "compiled"
     extra = ("training.parallelism=fsdp", "model.gradient_checkpointing=true", "model.compile=true")
     summary = completed(torchrun(run_dir, *args(base, *extra)), run_dir)
-    assert summary["final_val_loss"] == pytest.approx(single[1]["final_val_loss"], rel=1e-5)
+    assert summary.final_val["loss"] == pytest.approx(single[1].final_val["loss"], rel=1e-5)
 
 
 # --- sharded checkpoints ------------------------------------------------------------------
@@ -213,16 +213,16 @@ def test_a_sharded_checkpoint_resumes_on_one_process_and_one_on_two(base, fsdp2)
     one = completed(
         run_cli(*args(base, f"training.resume={start}"), f"hydra.run.dir={one_dir}"), one_dir
     )
-    assert one["resumed_from_step"] == 3 and one["steps"] == 6
-    assert one["final_val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-4)
+    assert one.resumed_from_step == 3 and one.steps == 6
+    assert one.final_val["loss"] == pytest.approx(summary.final_val["loss"], rel=1e-4)
     # FSDP in one process writes sharded checkpoints (one shard); two ranks resume them.
     fsdp1 = base / "fsdp1"
     completed(run_cli(*args(base, "training.parallelism=fsdp"), f"hydra.run.dir={fsdp1}"), fsdp1)
     two_dir = base / "resumed12"
     resume = f"training.resume={fsdp1 / 'checkpoints' / 'step_00000003'}"
     two = completed(torchrun(two_dir, *args(base, "training.parallelism=fsdp", resume)), two_dir)
-    assert two["resumed_from_step"] == 3
-    assert two["final_val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-4)
+    assert two.resumed_from_step == 3
+    assert two.final_val["loss"] == pytest.approx(summary.final_val["loss"], rel=1e-4)
 
 
 def test_a_kill_during_a_sharded_write_leaves_the_previous_checkpoint_the_latest(base, fsdp2):
@@ -267,13 +267,13 @@ def test_an_oom_on_rank_1_alone_is_recovered_on_both_ranks(base, fsdp2, ddp2, pa
     )
     proc = torchrun(run_dir, *args(base, f"training.parallelism={parallelism}", *fault))
     summary = completed(proc, run_dir)
-    assert summary["oom_count"] == 1 and summary["batch_source"] == "reduced_after_oom"
-    assert summary["micro_batch_size"] == 2 and summary["effective_batch_size"] == 16
+    assert summary.oom_count == 1 and summary.batch_source == "reduced_after_oom"
+    assert summary.micro_batch_size == 2 and summary.effective_batch_size == 16
     # Both ranks shrank at the same step: each logged it.
     logged = proc.stdout + proc.stderr
     assert logged.count("OOM at step 2 with micro-batch 4: retrying the step with 2") == 2
     reference_dir, reference = (fsdp2[0], fsdp2[1]) if parallelism == "fsdp" else ddp2
-    assert summary["final_val_loss"] == pytest.approx(reference["final_val_loss"], rel=1e-5)
+    assert summary.final_val["loss"] == pytest.approx(reference.final_val["loss"], rel=1e-5)
     mine, theirs = exported(run_dir), exported(reference_dir)
     for name in theirs:
         torch.testing.assert_close(mine[name], theirs[name], rtol=1e-4, atol=1e-5, msg=name)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from app.engine.summary import Summary
 from app.gpu_suite import context, report
 from app.gpu_suite.context import StepContext, Suite
 from app.gpu_suite.steps import STEPS
@@ -34,40 +35,39 @@ def candidates(micro: int) -> list[dict[str, Any]]:
     ]
 
 
-def summary(run: str, o: dict[str, str]) -> dict[str, Any]:
-    """What a run on an H100 writes, shaped by its settings and the run's role."""
+def summary(run: str, o: dict[str, str]) -> Summary:
+    """What a run on an H100 writes, shaped by its settings and the run's role: built as the
+    trainer builds it, so a field renamed there fails here as it would on the card."""
     effective = int(o.get("training.effective_batch_size", 32))
     micro = {"pressed": 32, "after": 32, "forced": 64}.get(run, min(64, effective))
     if run.startswith("injected"):
         micro = 4
     source = {"probed": "probed", "pressed": "reduced_after_oom", "forced": "reduced_after_oom"}
-    s: dict[str, Any] = {
-        "status": "completed",
-        "steps": int(o.get("training.max_steps", 300)),
-        "device": "cuda",
-        "device_name": "NVIDIA H100 80GB HBM3",
-        "preset": "h100",
-        "device_memory_bytes": CARD,
-        "dtype": {"auto": "bf16"}.get(o.get("precision", "auto"), o.get("precision", "bf16")),
-        "precision_reason": "h100: bf16 autocast",
-        "micro_batch_size": micro,
-        "micro_batch_sizes": [micro] * (effective // micro),
-        "grad_accum_steps": effective // micro,
-        "effective_batch_size": effective,
-        "eval_micro_batch_size": 8 if run == "injected-eval" else micro,
-        "batch_source": source.get(run, "cached" if "auto" in str(o) else "fixed"),
-        "batch_details": {"candidates": candidates(64), "memory_limit_fraction": 0.92},
-        "initial_val_loss": 5.5,
-        "final_val_loss": 2.1,
-        "final_val_accuracy": 0.4,
-        "tokens_per_sec": 400_000.0,
-        "mfu": 0.35,
-        "peak_memory_bytes": int(0.85 * CARD),
-        "peak_memory_fraction": 0.85,
-        "oom_count": 1 if run in ("pressed", "forced") or run.startswith("injected") else 0,
-        "world_size": 2 if run == "ddp" else 1,
-    }
-    return s
+    return Summary(
+        status="completed",
+        steps=int(o.get("training.max_steps", 300)),
+        device="cuda",
+        device_name="NVIDIA H100 80GB HBM3",
+        preset="h100",
+        device_memory_bytes=CARD,
+        dtype={"auto": "bf16"}.get(o.get("precision", "auto"), o.get("precision", "bf16")),
+        precision_reason="h100: bf16 autocast",
+        micro_batch_size=micro,
+        micro_batch_sizes=[micro] * (effective // micro),
+        grad_accum_steps=effective // micro,
+        effective_batch_size=effective,
+        eval_micro_batch_size=8 if run == "injected-eval" else micro,
+        batch_source=source.get(run, "cached" if "auto" in str(o) else "fixed"),
+        batch_details={"candidates": candidates(64), "memory_limit_fraction": 0.92},
+        initial_val={"loss": 5.5},
+        final_val={"loss": 2.1, "accuracy": 0.4},
+        tokens_per_sec=400_000.0,
+        mfu=0.35,
+        peak_memory_bytes=int(0.85 * CARD),
+        peak_memory_fraction=0.85,
+        oom_count=1 if run in ("pressed", "forced") or run.startswith("injected") else 0,
+        world_size=2 if run == "ddp" else 1,
+    )
 
 
 def metrics_rows(steps: int) -> list[dict[str, Any]]:
@@ -83,12 +83,12 @@ def metrics_rows(steps: int) -> list[dict[str, Any]]:
 def write_run(run_dir: Path, o: dict[str, str]) -> str:
     run_dir.mkdir(parents=True, exist_ok=True)
     s = summary(run_dir.name, o)
-    (run_dir / "summary.json").write_text(json.dumps(s))
-    rows = metrics_rows(min(s["steps"], 20))
+    (run_dir / "summary.json").write_text(json.dumps(s.to_json()))
+    rows = metrics_rows(min(s.steps, 20))
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return (
-        f"device     cuda: {s['device_name']}, 79.2 GiB (preset {s['preset']})\n"
-        f"precision  {s['dtype']}: {s['precision_reason']}\n"
+        f"device     cuda: {s.device_name}, 79.2 GiB (preset {s.preset})\n"
+        f"precision  {s.dtype}: {s.precision_reason}\n"
     )
 
 

@@ -13,6 +13,7 @@ from app.config import ConfigError
 from app.engine.noise_scale import NoiseScale
 from app.engine.runner import run_training
 from app.engine.step import train_step
+from app.engine.summary import Summary
 from tests.conftest import config, tiny
 from tests.test_accumulation import _run, _tiny_model_and_blocks
 
@@ -83,8 +84,7 @@ def test_a_run_logs_and_records_the_noise_scale(tmp_path):
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = [r["train/noise_scale"] for r in lines if r.get("train/noise_scale") is not None]
     assert logged and logged[-1] == pytest.approx(summary.noise_scale)
-    on_disk = json.loads((run_dir / "summary.json").read_text())
-    assert on_disk["noise_scale"] == pytest.approx(summary.noise_scale)
+    assert Summary.read(run_dir).noise_scale == pytest.approx(summary.noise_scale)
 
 
 @pytest.mark.slow

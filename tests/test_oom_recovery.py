@@ -15,6 +15,7 @@ from app.config.compose import compose
 from app.core.outcomes import TrainingOOM
 from app.engine.run import Observers, StepHooks
 from app.engine.runner import run_training
+from app.engine.summary import Summary
 from tests.conftest import AUTO_TINY
 from tests.fakes import Attempts, MicroBatchFrom, RecordingLM
 
@@ -59,8 +60,8 @@ def test_oom_from_step_k_is_recovered_like_a_run_with_the_smaller_micro_batch_fr
     last_attempts = {step: sizes for step, sizes in attempts}
     assert all(sum(sizes) == 32 for sizes in last_attempts.values())
     assert tensorboard_scalars(tmp_path / "oom", "train/oom_count") == [(3, 1.0)]
-    on_disk = json.loads((tmp_path / "oom/summary.json").read_text())
-    assert on_disk["oom_count"] == 1 and on_disk["batch_source"] == "reduced_after_oom"
+    on_disk = Summary.read(tmp_path / "oom")
+    assert on_disk.oom_count == 1 and on_disk.batch_source == "reduced_after_oom"
 
     # The reference: no fault, micro-batch 16 switched to 8 from step 3 on.
     run_training(tiny_cfg(cache_dir), tmp_path / "ref", Observers(hooks=MicroBatchFrom(3, 8)))
@@ -163,8 +164,8 @@ def test_oom_at_micro_batch_one_ends_the_run_as_training_oom(cache_dir, tmp_path
     cfg = tiny_cfg(cache_dir, "training.micro_batch_size=2", "faults.oom_above_micro_batch=0")
     with pytest.raises(TrainingOOM):
         run_training(cfg, tmp_path / "run")
-    summary = json.loads((tmp_path / "run/summary.json").read_text())
-    assert summary["status"] == "oom" and summary["oom_count"] == 2  # at 2, then at 1
+    summary = Summary.read(tmp_path / "run")
+    assert summary.status == "oom" and summary.oom_count == 2  # at 2, then at 1
 
 
 def test_recovery_off_ends_the_run_at_the_first_oom(cache_dir, tmp_path):

@@ -15,6 +15,7 @@ import torch
 
 from app.core.preemption import StopRequest, stop_on_signals
 from app.engine import checkpoint as ckpt
+from app.engine.summary import Summary
 from tests.conftest import ROOT, tiny
 
 # Long enough that the signal lands mid-run; dropout makes the RNG state part of the trajectory.
@@ -63,9 +64,9 @@ def test_sigterm_mid_run_checkpoints_and_the_resumed_run_matches_an_uninterrupte
         err.strip().splitlines()[-1]
     ]
     assert "Traceback" not in err
-    summary = json.loads((tmp_path / "preempted" / "summary.json").read_text())
-    assert summary["status"] == "preempted"
-    stopped_at = summary["steps"]
+    summary = Summary.read(tmp_path / "preempted")
+    assert summary.status == "preempted"
+    stopped_at = summary.steps
     assert 20 <= stopped_at < 400
     saved = ckpt.list_checkpoints(tmp_path / "preempted" / "checkpoints")
     assert [int(p.stem.split("_")[1]) for p in saved] == [stopped_at]
@@ -86,8 +87,8 @@ def test_sigterm_mid_run_checkpoints_and_the_resumed_run_matches_an_uninterrupte
     )
     assert resumed.returncode == 0, resumed.stderr
     assert straight.wait(timeout=300) == 0
-    after = json.loads((tmp_path / "preempted" / "summary.json").read_text())
-    assert after["status"] == "completed" and after["resumed_from_step"] == stopped_at
+    after = Summary.read(tmp_path / "preempted")
+    assert after.status == "completed" and after.resumed_from_step == stopped_at
     a, b = _final_model(tmp_path / "straight"), _final_model(tmp_path / "preempted")
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from app.engine.runner import run_training
+from app.engine.summary import Summary
 from tests.conftest import config, tiny
 
 SUMMARY_KEYS = {
@@ -42,13 +43,14 @@ def run_dir(tmp_path_factory):
 
 
 def test_summary_has_the_plan_and_the_results(run_dir):
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary.keys() >= SUMMARY_KEYS
-    assert summary["steps"] == 6 and summary["device"] == "cpu" and summary["dtype"] == "fp32"
-    assert summary["micro_batch_sizes"] == [3, 3, 2]  # effective 8 with micro 3: exact
-    assert summary["grad_accum_steps"] == 3 and summary["effective_batch_size"] == 8
-    assert summary["tokens_per_sec"] > 0 and summary["peak_memory_bytes"] > 0
-    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    # The file's keys are the contract other tools read; the values through the typed record.
+    assert json.loads((run_dir / "summary.json").read_text()).keys() >= SUMMARY_KEYS
+    summary = Summary.read(run_dir)
+    assert summary.steps == 6 and summary.device == "cpu" and summary.dtype == "fp32"
+    assert summary.micro_batch_sizes == [3, 3, 2]  # effective 8 with micro 3: exact
+    assert summary.grad_accum_steps == 3 and summary.effective_batch_size == 8
+    assert summary.tokens_per_sec > 0 and summary.peak_memory_bytes > 0
+    assert summary.final_val["loss"] < summary.initial_val["loss"]
 
 
 def test_metrics_jsonl_has_one_line_per_logged_step(run_dir):

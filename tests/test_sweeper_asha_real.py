@@ -3,7 +3,6 @@ its pause wrote and ends exactly where the same trial run without a pause ends."
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from app.engine.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._asha import PAUSED
 from hydra_plugins.hydratrain_optuna_sweeper._lineage import root
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
@@ -74,8 +74,8 @@ def test_a_promoted_trial_ends_with_the_loss_of_the_same_trial_run_without_a_pau
     assert [p.name for p in saved.glob("*.pt")] == ["step_00000002.pt"]  # written by the pause
     promoted = [t for t in paused_study if root(t) == 0 and t.number != 0]
     assert len(promoted) == 1 and promoted[0].state == TrialState.COMPLETE
-    summary = json.loads(Path(promoted[0].user_attrs["run_dir"], "summary.json").read_text())
-    assert summary["resumed_from_step"] == 2 and summary["steps"] == 6
+    summary = Summary.read(promoted[0].user_attrs["run_dir"])
+    assert summary.resumed_from_step == 2 and summary.steps == 6
 
     (straight,) = _sweep(
         tmp_path, "none", "hpo.pruner=none", "hpo.n_trials=1", f"hpo.enqueue=[{GOOD}]"
