@@ -6,7 +6,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TypedDict
 
 # ---------------------------------------------------------------------------------------------
 # AdamW step alone: end-to-end runs of a tiny model are too noisy on a shared CPU to see it
@@ -17,12 +17,26 @@ ADAMW_SHAPES = {  # GPT-2 configs: (vocab, positions, width, layers, heads), tim
 }
 
 
-def adamw_step_times(rounds: int) -> list[dict[str, Any]]:
+class AdamwTime(TypedDict):
+    model: str  # whose parameters
+    adamw: str  # forloop | foreach | fused
+    ms_per_step: float  # median over rounds
+
+
+class StartupTime(TypedDict):
+    command: str
+    median_s: float
+    min_s: float
+    max_s: float
+    runs: int
+
+
+def adamw_step_times(rounds: int) -> list[AdamwTime]:
     """Milliseconds per optimizer step of each AdamW implementation, median over rounds."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    rows = []
+    rows: list[AdamwTime] = []
     for name, ((vocab, pos, width, layers, heads), reps) in ADAMW_SHAPES.items():
         config = GPT2Config(
             vocab_size=vocab,
@@ -55,7 +69,7 @@ def adamw_step_times(rounds: int) -> list[dict[str, Any]]:
     return rows
 
 
-def adamw_table(rows: list[dict[str, Any]]) -> str:
+def adamw_table(rows: list[AdamwTime]) -> str:
     lines = ["| parameters of | AdamW | ms per step (median) |", "|---|---|---:|"]
     lines += [f"| {r['model']} | {r['adamw']} | {r['ms_per_step']:.1f} |" for r in rows]
     return "\n".join(lines)
@@ -65,8 +79,8 @@ def adamw_table(rows: list[dict[str, Any]]) -> str:
 # Start-up latency of the CLI
 
 
-def measure_startup(runs: int) -> list[dict[str, Any]]:
-    out = []
+def measure_startup(runs: int) -> list[StartupTime]:
+    out: list[StartupTime] = []
     for label, extra in (("--help", ["--help"]), ("--cfg job", ["--cfg", "job"])):
         times = []
         for _ in range(runs):
@@ -86,7 +100,7 @@ def measure_startup(runs: int) -> list[dict[str, Any]]:
     return out
 
 
-def startup_table(rows: list[dict[str, Any]]) -> str:
+def startup_table(rows: list[StartupTime]) -> str:
     lines = ["| command | median s | min s | max s | runs |", "|---|---:|---:|---:|---:|"]
     lines += [
         f"| `{r['command']}` | {r['median_s']:.2f} | {r['min_s']:.2f} | {r['max_s']:.2f} "

@@ -19,14 +19,27 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+    from optuna.trial import FrozenTrial
 
 TRIALS = 200
 ENDINGS = [("complete", 0.3), ("pruned", 0.35), ("paused", 0.25), ("oom", 0.05), ("error", 0.05)]
 IMPORTS = "import optuna, plotly.graph_objects, matplotlib.pyplot, optuna.visualization"
 
 
-def run_report_bench(rounds: int = 5, trials: int = TRIALS) -> dict[str, Any]:
+class ReportTimes(TypedDict):
+    trials: int
+    rounds: int
+    whole_command_s: list[float]  # python -m app.report, one a round
+    imports_baseline_s: list[float]  # the interpreter importing the report's libraries
+    in_process_s: list[float]  # the report again in a warm process
+    report_bytes: int
+
+
+def run_report_bench(rounds: int = 5, trials: int = TRIALS) -> ReportTimes:
     with tempfile.TemporaryDirectory() as tmp:
         journal = str(Path(tmp, "study.journal"))
         write_study(journal, trials)
@@ -86,7 +99,9 @@ def write_study(journal: str, n: int, seed: int = 0) -> None:
     study.add_trials(trials)
 
 
-def _trial(i: int, rng: random.Random, space: dict[str, Any], begun: dt.datetime) -> Any:
+def _trial(
+    i: int, rng: random.Random, space: dict[str, BaseDistribution], begun: dt.datetime
+) -> FrozenTrial:
     from optuna.trial import TrialState, create_trial
 
     ending = rng.choices([e for e, _ in ENDINGS], [w for _, w in ENDINGS])[0]
@@ -121,7 +136,7 @@ def _trial(i: int, rng: random.Random, space: dict[str, Any], begun: dt.datetime
     return trial
 
 
-def report_bench_table(report: dict[str, Any]) -> str:
+def report_bench_table(report: ReportTimes) -> str:
     rows = [
         ("`python -m app.report` (whole command)", report["whole_command_s"]),
         ("the report in a warm process (a sweep's end)", report["in_process_s"]),
