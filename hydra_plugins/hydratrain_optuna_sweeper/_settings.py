@@ -208,7 +208,7 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
         ),
         space_sources=[] if legacy is not None else _space_sources(stock.get("params"), hpo),
         search_space=legacy,
-        enqueue=[mapping(e, "hpo.enqueue[]") for e in h.enqueue] if hpo else [],
+        enqueue=[mapping(p, f"hpo.enqueue[{i}]") for i, p in enumerate(h.enqueue)] if hpo else [],
         tensorboard=bool(hpo and h.tensorboard),
         reports=hpo is not None,
         budget_s=h.budget_s if hpo else None,
