@@ -25,7 +25,7 @@ class BatchSizeStudyConfig:
 @dataclass
 class HpoConfig:
     """A field that takes a value or a list (direction, metric), a number or a word (workers),
-    or a mapping the command line may extend is typed Any: OmegaConf 2.3 takes no Union but
+    or a mapping the command line may extend is left untyped: OmegaConf 2.3 takes no Union but
     Optional. The sweeper narrows each into a typed value where it reads the settings
     (`_settings.read_settings`, `_fleet_plan.FleetAsk`); nothing downstream sees them raw."""
 
