@@ -137,7 +137,7 @@ class NullReporter:
 
 def build_reporter(hpo: object, config: object) -> Reporter:
     """The trial's reporter when the sweeper made this run a trial, else a no-op. `hpo`: the
-    run's hpo node (typed, a DictConfig, or None); `config`: the run's config, handed to the
+    run's hpo node (typed, a composed node, or None); `config`: the run's config, handed to the
     factory `hpo.reporter` names."""
     number, path = getattr(hpo, "trial_number", None), getattr(hpo, "reporter", None)
     if number is None or not path:  # not a trial (or another app's hpo node without them)
