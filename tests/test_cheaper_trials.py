@@ -152,3 +152,23 @@ def test_the_data_memo_key_follows_the_files_and_needs_none_for_generated_data(t
     assert data_key("causal_lm", files) != before  # edited between two trials: read again
     generated = DataConfig(source="synthetic", paths=["/nowhere/*.txt"])
     assert data_key("causal_lm", generated)  # no files to look at, none looked for
+
+
+class Recording:
+    def __init__(self) -> None:
+        self.heard: list[dict[str, float]] = []
+
+    def report(self, step: int, metrics: dict[str, float]) -> bool:
+        self.heard.append(dict(metrics))
+        return False
+
+    def set_attrs(self, attrs) -> None:
+        pass
+
+
+def test_an_evaluation_reports_each_metric_under_its_reported_name_alone(cache_dir, tmp_path):
+    """The trial hears `val_<metric>` (Metric.reported), the one name hpo.report_metric is
+    checked against, and no other spelling of it."""
+    reporter = Recording()
+    run_training(tiny_cfg(cache_dir), tmp_path / "run", Observers(reporter=reporter))
+    assert reporter.heard and all(set(m) == {"val_loss"} for m in reporter.heard)

@@ -637,3 +637,16 @@ def test_both_sweeper_nodes_are_made_from_the_one_table_of_stock_keys():
     assert all(ours[name] is None for name in names)
     hpo = {f"hpo.{f.name}" for f in dataclasses.fields(HpoConfig)}
     assert {k.setting for k in STOCK_KEYS} - {None} <= hpo
+
+
+def test_the_reporter_reads_the_one_name_it_was_given(tmp_path, caplog):
+    """hpo.report_metric is checked against the task's reported names when the sweep starts,
+    so the reporter reads that key alone: a summary key of the same metric is not it."""
+    study, _spec = _study(tmp_path, name="r")
+    rep = reporter.OptunaReporter(study.ask(), "val_loss", can_prune=True)
+    assert rep.report(1, {"final_val_loss": 1.0}) is False
+    assert study.get_trials()[-1].intermediate_values == {}
+    assert sum("is not among reported metrics" in r.message for r in caplog.records) == 1
+    rep.report(2, {"val_loss": 2.0})
+    assert study.get_trials()[-1].intermediate_values == {2: 2.0}
+

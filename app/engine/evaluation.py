@@ -116,7 +116,6 @@ def eval_and_report(run: Run, step: int, summary: Summary) -> dict[str, float]:
         logged = {f"val/{name}": value for name, value in values.items()}
         run.observers.logger.log(step, {**logged, **run.budget.data_seen(step)})
     reported = {m.reported: values[m.name] for m in metrics}
-    reported.update({m.final: values[m.name] for m in metrics})
     # rank 0's answer (the others' say no); a step that crossed several marks reports at each
     pruned = any([run.observers.reporter.report(m, reported) for m in run.budget.marks(step)])
     # Under torchrun every rank must stop after the same step: rank 0's word reaches them all.

@@ -74,9 +74,11 @@ class OptunaReporter:
         return self.judge.should_prune()
 
     def _pick(self, metrics: dict[str, float]) -> float | None:
-        for key in (self.metric, self.metric.removeprefix("final_"), f"final_{self.metric}"):
-            if key in metrics and metrics[key] is not None:
-                return float(metrics[key])
+        # One name: the sweep checked hpo.report_metric against what the task reports
+        # (`_checks.check_objectives`), so there is no other spelling to try.
+        value = metrics.get(self.metric)
+        if value is not None:
+            return float(value)
         if not self._warned:
             log.warning(
                 "hpo.report_metric=%s is not among reported metrics %s: no pruning",

@@ -125,7 +125,7 @@ def _train(t, f, reporter, stop: StopRequest, start: int = 0) -> tuple[float, in
         loss = loss_at(step, t.lr)
         if f.diverge_above_lr is not None and t.lr > f.diverge_above_lr and step > 0:
             raise Diverged(f"validation loss is nan at step {step}")
-        if reporter.report(step, {"val_loss": loss, "final_val_loss": loss}):
+        if reporter.report(step, {"val_loss": loss}):
             raise Pruned(f"pruned at step {step}")
         if stop.requested and step < t.max_steps:
             break
