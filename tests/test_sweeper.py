@@ -649,4 +649,3 @@ def test_the_reporter_reads_the_one_name_it_was_given(tmp_path, caplog):
     assert sum("is not among reported metrics" in r.message for r in caplog.records) == 1
     rep.report(2, {"val_loss": 2.0})
     assert study.get_trials()[-1].intermediate_values == {2: 2.0}
-
