@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import re
 import runpy
 import shutil
 import subprocess
@@ -268,6 +269,7 @@ def test_bad_run_input_is_one_line_and_touches_nothing(
     ]
     code, _, err = _invoke(argv, monkeypatch, capsys)
     _assert_one_line(code, err, needle)
+    _assert_documented(overrides, err, scratch)
     assert _snapshot(run_dir) == before
     assert not (scratch / "run-cache").exists()  # no data was tokenized either
 
@@ -362,6 +364,7 @@ def test_bad_sweep_input_is_one_line_and_leaves_the_study(
     ]
     code, _, err = _invoke(argv, monkeypatch, capsys)
     _assert_one_line(code, err, needle)
+    _assert_documented(overrides, err, tmp_path)
     assert _snapshot(study) == before
     assert list((tmp_path / "multirun").glob("*/.hydra")) == []  # no trial was started
 
@@ -405,6 +408,29 @@ def test_resuming_a_completed_run_is_a_no_op(scratch, monkeypatch, capsys):
     assert code == 0, err
     assert "the run is complete, nothing to do" in out
     assert _snapshot(run_dir) == before
+
+
+DOCS_TABLE = Path(__file__).resolve().parents[1] / "docs" / "bad_inputs.md"
+# A row of the table: | `overrides` | status | `the error line` (a note) |
+DOCS_ROW = re.compile(r"^\| `([^`]+)` \| \d+ \| `([^`]+)`[^`|]*\|$", re.M)
+
+
+def _documented() -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in DOCS_ROW.finditer(DOCS_TABLE.read_text())}
+
+
+def _assert_documented(overrides: list[str], err: str, tmp: Path) -> None:
+    """The table shows the line a user gets, as it is: `<dir>` for the scratch directory,
+    `...` for what depends on the machine (its memory)."""
+    shown = " ".join(o.replace("{tmp}", "<dir>") for o in overrides)
+    rows = _documented()
+    documented = rows.get(shown) or rows.get(f"-m hpo=optuna {shown}")
+    assert documented is not None, f"docs/bad_inputs.md has no row for `{shown}`"
+    line = next(ln for ln in err.splitlines() if ln.strip()).replace(str(tmp), "<dir>")
+    pattern = ".*?".join(re.escape(part) for part in documented.split("..."))
+    assert re.fullmatch(pattern, line), (
+        f"docs/bad_inputs.md says\n  {documented}\nthe run says\n  {line}"
+    )
 
 
 def test_the_docs_table_lists_every_case():
