@@ -64,6 +64,7 @@ CASES = [
     ("micro-above", ["training.micro_batch_size=64"], "larger than training.effective_batch"),
     ("micro-word", ["training.micro_batch_size=big"], "must be auto or a positive integer"),
     ("eval-micro", ["training.eval_micro_batch_size=0"], "training.eval_micro_batch_size=0"),
+    ("objective", ["objective=5"], "objective=5 must be a summary.json key or a list of them"),
     ("eval-every-zero", ["training.eval_every=0"], "training.eval_every=0"),
     ("keep-zero", ["training.keep_checkpoints=0"], "training.keep_checkpoints=0"),
     ("schedule", ["training.schedule=exponential"], "training.schedule='exponential'"),
