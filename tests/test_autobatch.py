@@ -129,7 +129,7 @@ def test_cpu_probe_of_the_default_model_stays_within_its_bounds(cache_dir, probi
     plan = plan_for(cfg, probing)
     ab = cfg.training.auto_batch
     d = plan.details
-    assert d["probe_seconds"] <= ab.max_probe_seconds and d["probe_steps"] <= ab.max_probe_steps
+    assert d["probe_steps"] <= ab.max_probe_steps  # its seconds: on a clock of its own, below
     assert len(probing.forwards) == d["probe_steps"]
     assert max(probing.forwards) <= min(ab.cpu_max_micro_batch, cfg.training.effective_batch_size)
 
@@ -317,3 +317,18 @@ def test_the_measured_peak_memory_caps_the_probe(cache_dir, probing):
     assert rows[16]["fits"] is False and rows[16]["oom"] is False  # refused by memory, no OOM
     assert rows[10]["fits"] and not rows[11]["fits"]
     assert plan.micro_batch_size == 8  # 10 at most per micro-batch: 32 = 8 + 8 + 8 + 8
+
+
+def test_the_probe_budget_refuses_what_would_pass_its_seconds_or_steps():
+    """max_probe_seconds and max_probe_steps, on a clock the test moves (no wall clock)."""
+    from app.engine.batch.search import Budget
+
+    now = [100.0]
+    budget = Budget(max_steps=10, max_seconds=5.0, clock=lambda: now[0])
+    assert budget.allows(steps=4, est_seconds=4.0)
+    now[0] = 102.0  # 2 s spent: 2 + 4 > 5
+    assert not budget.allows(steps=1, est_seconds=4.0)
+    assert budget.allows(steps=1, est_seconds=3.0)
+    budget.steps = 9
+    assert not budget.allows(steps=2, est_seconds=0.0)  # 11 steps > 10
+    assert budget.elapsed == 2.0

@@ -23,7 +23,7 @@ import logging
 import math
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -51,15 +51,20 @@ log = logging.getLogger(__name__)
 
 
 class Budget:
-    def __init__(self, max_steps: int, max_seconds: float) -> None:
+    """The probe's allowance: max_probe_steps steps and max_probe_seconds on `clock`."""
+
+    def __init__(
+        self, max_steps: int, max_seconds: float, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.max_steps = max_steps
         self.max_seconds = max_seconds
-        self.started = time.perf_counter()
+        self.clock = clock
+        self.started = clock()
         self.steps = 0
 
     @property
     def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+        return self.clock() - self.started
 
     def allows(self, steps: int, est_seconds: float) -> bool:
         return (
