@@ -15,15 +15,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias, TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar
 
+from app.core.json_types import Json
 from app.core.outcomes import Status
 
 _OPTIONAL = "optional"
 OPTIONAL = {_OPTIONAL: True}  # a result left out of summary.json while it is None
 
-# A value of a JSON document: what summary.json (and the other records a run writes) hold.
-Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
 V = TypeVar("V")
 
 

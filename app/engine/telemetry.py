@@ -18,7 +18,7 @@ import torch
 from app.components.tracking.base import Sink
 from app.components.tracking.local import default_sinks
 from app.core.atomic import atomic_write_text
-from app.engine.summary import Json
+from app.core.json_types import Json
 
 log = logging.getLogger(__name__)
 
