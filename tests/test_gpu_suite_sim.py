@@ -86,10 +86,7 @@ def write_run(run_dir: Path, o: dict[str, str]) -> str:
     (run_dir / "summary.json").write_text(json.dumps(s.to_json()))
     rows = metrics_rows(min(s.steps, 20))
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return (
-        f"device     cuda: {s.device_name}, 79.2 GiB (preset {s.preset})\n"
-        f"precision  {s.dtype}: {s.precision_reason}\n"
-    )
+    return f"{s.device_line()}\n{s.precision_line()}\n"  # the banner's lines, as printed
 
 
 def write_study(sweep: Path, o: dict[str, str]) -> None:

@@ -93,12 +93,10 @@ def plan_fields(plan: BatchPlan) -> dict[str, object]:
 def print_banner(summary: Summary, run: Run, machine: Machine, config: TrainConfig) -> None:
     if not run.dist.is_main:
         return
-    device, precision = machine.device, machine.precision
-    mem = f", {device.total_memory_bytes / 2**30:.1f} GiB" if device.total_memory_bytes else ""
     step = run.task.step_line(run.plan.effective_batch_size, summary.seq_len or 0)
     lines = [
-        f"device     {device.type}: {device.name}{mem} (preset {device.preset})",
-        f"precision  {precision.name}: {precision.reason}",
+        summary.device_line(),  # describe_run recorded the device and precision
+        summary.precision_line(),
         f"batch      {run.plan.describe()}",
         *([f"autobatch  {how}"] if (how := describe_choice(run.plan)) else []),
         f"{step}, {summary.num_params:,} parameters",

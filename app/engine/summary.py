@@ -106,6 +106,16 @@ class Summary:
     device_seconds: float | None = None
     export_dir: str | None = field(default=None, metadata=OPTIONAL)
 
+    def device_line(self) -> str:
+        """The banner's device line, printed at start (app/engine/report.py) and looked for
+        by the GPU suite: one format for both."""
+        mem = f", {self.device_memory_bytes / 2**30:.1f} GiB" if self.device_memory_bytes else ""
+        return f"device     {self.device}: {self.device_name}{mem} (preset {self.preset})"
+
+    def precision_line(self) -> str:
+        """The banner's precision line: the dtype and why it was chosen for this device."""
+        return f"precision  {self.dtype}: {self.precision_reason}"
+
     def to_json(self) -> dict[str, Json]:
         """The flat mapping summary.json holds."""
         out: dict[str, Json] = {}

@@ -58,16 +58,13 @@ def banner_checks(ctx: StepContext, s: Summary, printed: list[str]) -> None:
     lines are built from the record and looked for in the output (app/engine/report.py prints
     them); that they were printed is the one fact here that summary.json does not hold."""
     lines = [line.rstrip() for line in printed]
-    device = next(
-        (ln for ln in lines if ln.startswith(f"device     {s.device}: {s.device_name}")), ""
-    )
-    precision = f"precision  {s.dtype}: {s.precision_reason}"
-    ctx.figure("banner: device", device.removeprefix("device").strip() or None)
+    device, precision = s.device_line(), s.precision_line()
+    ctx.figure("banner: device", device.removeprefix("device").strip() if device in lines else None)
     ctx.figure(
         "banner: precision",
         precision.removeprefix("precision").strip() if precision in lines else None,
     )
-    ctx.check("banner names the preset", device.endswith(f"(preset {s.preset})"), device)
+    ctx.check("banner names the preset", device in lines, device)
     ctx.check("banner names dtype and reason", precision in lines)
     if not ctx.dry:
         on_card = (s.device or "").startswith("cuda") and s.preset != "cpu"
