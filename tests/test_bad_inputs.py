@@ -329,7 +329,6 @@ SWEEP_CASES = [
     ("fleet-memory", ["hpo.workers=2", "hpo.storage=memory"], "needs a study the workers share"),
     ("fleet-per-run", ["hpo.workers=2", "hydra.sweeper.n_trials=3"], "study-wide budget"),
     ("ranks-memory", ["hpo.gpus_per_trial=2", "hpo.storage=memory"], "needs a study its ranks"),
-    ("ranks-asha", ["hpo.gpus_per_trial=2", "hpo.pruner=asha"], "do not agree on a pause"),
     ("sweep-cfg", ["--cfg", "job"], "to see a trial's config, run without -m"),
 ]
 

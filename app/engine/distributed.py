@@ -184,6 +184,16 @@ def agree_all(flag: bool, info: DistInfo) -> bool:
     return not bool(t.item())
 
 
+def rank0_word(values: Sequence[int], info: DistInfo) -> list[int]:
+    """Rank 0's `values` on every rank (a host broadcast): a decision only rank 0 can take,
+    which every rank must act on at the same step."""
+    if not info.enabled:
+        return list(values)
+    t = host_buffer("rank0_word", values)
+    dist.broadcast(t, src=0, group=info.host_group)
+    return [int(v) for v in t.tolist()]
+
+
 def shutdown(info: DistInfo) -> None:
     if (info.enabled or info.owns_group) and dist.is_initialized():
         dist.destroy_process_group()

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
 from app.components.data.loader import rank_slice
 from app.components.hardware.precision import autocast
 from app.components.tasks.base import move
-from app.core.outcomes import Diverged, Pruned
+from app.core.outcomes import Diverged, Paused, Pruned
 from app.engine.agreement import AgreedOOM
 from app.engine.batch.plan import eval_padding
-from app.engine.distributed import all_reduce_sum, any_rank, unwrap_ddp, without_autograd
+from app.engine.distributed import all_reduce_sum, rank0_word, unwrap_ddp, without_autograd
 from app.engine.recovery import release_after_oom, shrink_eval_micro_batch, shrink_micro_batch
 from app.engine.run import Inputs, Run, Samples
 from app.engine.summary import Summary
+
+GO_ON, PRUNE, PAUSE = 0, 1, 2  # the trial's word on an evaluation (TrialWord.code)
 
 
 def evaluate(run: Run, step: int) -> float:
@@ -98,7 +101,8 @@ def eval_sums(run: Run, x: Inputs, y: torch.Tensor, model: torch.nn.Module) -> t
 
 def eval_and_report(run: Run, step: int, summary: Summary) -> dict[str, float]:
     """Evaluate, log, record in the summary, report to the trial; raises Diverged, or Pruned
-    when the trial's pruner says so (never at the last step: that is the trial's result). The
+    when the trial's pruner says so (never at the last step: that is the trial's result), or
+    Paused when hpo.pruner=asha pauses it at a rung, on every rank at the same step. The
     trial hears the budget's mark for this step (app/config/budget.py): the step itself, or
     under a data budget the data seen, the same for trials of every batch size."""
     started = time.perf_counter()
@@ -115,14 +119,40 @@ def eval_and_report(run: Run, step: int, summary: Summary) -> dict[str, float]:
     if run.observers.logger is not None:
         logged = {f"val/{name}": value for name, value in values.items()}
         run.observers.logger.log(step, {**logged, **run.budget.data_seen(step)})
-    reported = {m.reported: values[m.name] for m in metrics}
-    # rank 0's answer (the others' say no); a step that crossed several marks reports at each
-    pruned = any([run.observers.reporter.report(m, reported) for m in run.budget.marks(step)])
-    # Under torchrun every rank must stop after the same step: rank 0's word reaches them all.
-    if any_rank(pruned, run.dist, run.device) and step < run.budget.max_steps:
+    word = trial_word(run, step, {m.reported: values[m.name] for m in metrics})
+    if word.code == PAUSE:  # on every rank: each saves its part of the pause's checkpoint
+        raise word.paused or Paused(
+            f"paused at step {word.mark} (hpo.pruner=asha), rank 0's word: checkpointed",
+            step=word.mark,
+        )
+    if word.code == PRUNE and step < run.budget.max_steps:
         shown = ", ".join(f"{m.name} {values[m.name]:.4f}" for m in metrics)
         raise Pruned(f"pruned at step {step} with validation {shown}")
     return values
+
+
+@dataclass(frozen=True)
+class TrialWord:
+    """What the trial said of an evaluation, the same on every rank: GO_ON, PRUNE or PAUSE
+    (at `mark`, the study's step of the rung); `paused`: the reporter's own Paused (rank 0)."""
+
+    code: int
+    mark: int = 0
+    paused: Paused | None = None
+
+
+def trial_word(run: Run, step: int, reported: dict[str, float]) -> TrialWord:
+    """Rank 0's reporter decides (the others' do nothing); under torchrun every rank must stop
+    after the same step, and a pause must be checkpointed by every rank, so rank 0's word
+    reaches them all before any acts on it (one host broadcast per evaluation)."""
+    pruned, paused = False, None
+    try:  # a step that crossed several marks reports at each, up to a pause
+        pruned = any([run.observers.reporter.report(m, reported) for m in run.budget.marks(step)])
+    except Paused as exc:  # hpo.pruner=asha: a pause at a rung
+        paused = exc
+    code = PAUSE if paused is not None else PRUNE if pruned else GO_ON
+    code, mark = rank0_word([code, paused.step if paused is not None else 0], run.dist)
+    return TrialWord(code, mark, paused)
 
 
 def empties_cache_after_eval(run: Run) -> bool:

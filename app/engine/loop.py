@@ -83,7 +83,9 @@ def start_summary(run: Run, summary: Summary) -> None:
 
 def evaluate_or_pause(run: Run, done: int, summary: Summary) -> None:
     """Evaluate and report; a trial its pruner pauses at this rung keeps a checkpoint of this
-    step, which its promotion resumes from exactly."""
+    step, which its promotion resumes from exactly. Every rank hears the pause at this step
+    (eval_and_report) and saves its part: rank 0 the whole file (DDP), or each its shards
+    (FSDP)."""
     try:
         eval_and_report(run, done, summary)
     except Paused:

@@ -3,17 +3,20 @@ worker's process through torch's own launcher API (`torch.distributed.launcher.a
 torchrun runs), with DDP as under torchrun.
 
 One place owns the trial: rank 0 reports to it (the others get a reporter that does nothing),
-and the prune decision reaches every rank at the evaluation where it is taken
-(app/engine/evaluation.py), as a stop signal does after each step (app/engine/loop.py): all
-ranks stop after the same step. Every rank trains the config the worker composed for the
-trial, pickled to it: the same sampled parameters by construction.
+and its decision (prune, or pause at an asha rung) reaches every rank at the evaluation where
+it is taken (app/engine/evaluation.py), as a stop signal does after each step
+(app/engine/loop.py): all ranks stop after the same step, and on a pause each saves its part
+of the checkpoint that the trial's promotion resumes on every rank. Every rank trains the
+config the worker composed for the trial, pickled to it: the same sampled parameters by
+construction.
 
 Each rank writes how it ended to <run dir>/ranks/rank<r>.json (`RankRecord`: status, steps,
 the settings it trained with). The worker reads them and gives the trial ONE outcome,
 whatever each rank saw: a preemption first, then an out-of-memory error, a divergence, a
-prune, a failure, and only when every rank completed, rank 0's objective. A rank that fails
-alone (an OOM on rank 1) exits with an error, so that the launcher stops the others, which
-then fail too: the OOM still decides.
+prune, a failure, a pause only when every rank paused (at the rung they agreed on), and only
+when every rank completed, rank 0's objective. A rank that fails alone (an OOM on rank 1)
+exits with an error, so that the launcher stops the others, which then fail too: the OOM
+still decides.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from app.core.atomic import atomic_write_text
 from app.core.errors import first_line
 from app.core.outcomes import (
     Diverged,
+    Paused,
     Preempted,
     Pruned,
     RunOutcome,
@@ -43,17 +47,19 @@ from app.core.outcomes import (
     TrainingOOM,
     status_of,
 )
-from app.engine.run import Observers, Run, StepHooks
+from app.engine.run import Observers, Run, Samples, StepHooks
 from app.hpo import NullReporter, build_reporter
 
 log = logging.getLogger(__name__)
-# Which rank's ending becomes the trial's, first to last; completed only when all completed.
+# Which rank's ending becomes the trial's, first to last; paused only when every rank paused
+# (each saved its part of the checkpoint), completed only when all completed.
 PRECEDENCE = (
     Status.PREEMPTED,
     Status.OOM,
     Status.DIVERGED,
     Status.PRUNED,
     Status.FAILED,
+    Status.PAUSED,
     Status.COMPLETED,
 )
 RAISES = {Status.OOM: TrainingOOM, Status.DIVERGED: Diverged, Status.PRUNED: Pruned}
@@ -73,9 +79,11 @@ class RankRecord:
     devices: str | None  # CUDA_VISIBLE_DEVICES as the rank saw it
     status: str = Status.RUNNING.value
     steps: int = 0  # optimizer steps this rank finished
+    resumed_from: int = 0  # the step it started at: a resumed (promoted) trial's checkpoint
     error: str | None = None
     signum: int | None = None
     objective: float | list[float] | None = None
+    paused_at: int | None = None  # hpo.pruner=asha: the rung (the study's step) it paused at
     training: dict[str, object] = field(default_factory=dict)  # the settings it trained with
 
     def write(self, run_dir: Path) -> None:
@@ -152,22 +160,30 @@ def one_outcome(records: list[RankRecord]) -> float | list[float]:
     ended = {Status(r.status) for r in records}
     decisive = next((s for s in PRECEDENCE if s in ended), Status.FAILED)
     record = next((r for r in records if Status(r.status) == decisive), records[0])
+    missing = sorted(set(range(record.world_size)) - {r.rank for r in records})
+    if decisive in (Status.COMPLETED, Status.PAUSED) and missing:
+        raise RunOutcome(f"rank(s) {missing} of {record.world_size} ended without a record")
     if decisive == Status.COMPLETED:
-        missing = sorted(set(range(record.world_size)) - {r.rank for r in records})
-        if missing:
-            raise RunOutcome(f"rank(s) {missing} of {record.world_size} ended without a record")
         return next(r for r in records if r.rank == 0).objective  # type: ignore[return-value]
     message = f"rank {record.rank} of {record.world_size}: {record.error or decisive.value}"
+    if decisive == Status.PAUSED:  # the same rung on every rank: they agreed on the pause
+        raise Paused(message, step=int(record.paused_at or record.steps))
     if decisive == Status.PREEMPTED:
         raise Preempted(message, signum=record.signum or signal.SIGTERM, step=record.steps)
     raise RAISES.get(decisive, RunOutcome)(message)
 
 
 class StepCounter(StepHooks):
-    """Counts the optimizer steps this rank finished (a prune or a stop ends between them)."""
+    """Counts the optimizer steps this rank finished (a prune or a stop ends between them),
+    and notes the step it started at."""
 
     def __init__(self, start: int = 0) -> None:
         self.done = start
+        self.first: int | None = None
+
+    def on_step_start(self, run: Run, step: int, batch: Samples) -> None:
+        if self.first is None:
+            self.first = step
 
     def on_step_end(self, run: Run, step: int) -> None:
         self.done = step + 1
@@ -188,9 +204,9 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
 
 def rank_main(config: TrainConfig, run_dir: str) -> dict[str, object]:
     """One rank of the trial (in a process the launcher spawned): train, record how it ended.
-    A prune, which every rank agreed on, ends it normally; a preemption with 128 + the signal,
-    as a preempted run does; anything else is raised, so that the launcher stops the other
-    ranks."""
+    A prune or a pause, which every rank agreed on, ends it normally; a preemption with 128 +
+    the signal, as a preempted run does; anything else is raised, so that the launcher stops
+    the other ranks."""
     from app.engine.runner import run_training
 
     # A group of its own: Ctrl-C in a terminal reaches the rank through the agent alone, not
@@ -212,14 +228,18 @@ def rank_main(config: TrainConfig, run_dir: str) -> dict[str, object]:
     except BaseException as exc:
         status = status_of(exc) or Status.FAILED
         record.status, record.error, record.steps = status.value, str(exc)[:2000], counter.done
+        record.resumed_from = counter.first or 0
         record.signum = getattr(exc, "signum", None)
+        record.paused_at = exc.step if isinstance(exc, Paused) else None
         record.write(Path(run_dir))
-        if status == Status.PRUNED:  # every rank stopped at that evaluation: a normal end
+        # Every rank stopped at that evaluation (a pause: each with its part saved): a normal end
+        if status in (Status.PRUNED, Status.PAUSED):
             return dataclasses.asdict(record)
         if status == Status.PREEMPTED:  # leave at once: a stopping agent waits for no result
             raise SystemExit(128 + (record.signum or signal.SIGTERM)) from None
         raise
     record.status, record.steps = Status.COMPLETED.value, int(summary.steps or 0)
+    record.resumed_from = int(summary.resumed_from_step or 0)
     record.objective = summary.objective(config.objective_keys)
     record.write(Path(run_dir))
     return dataclasses.asdict(record)

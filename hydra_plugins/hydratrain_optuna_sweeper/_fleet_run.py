@@ -113,9 +113,3 @@ def check_ranked_trials(k: int, s: SweepSettings) -> None:
             f"hpo.gpus_per_trial={k} needs a study its ranks reach, but hpo.storage keeps it "
             "in this process's memory; allowed: a journal file (one node) or a database URL"
         )
-    if s.pruner == "asha":  # a pause is rank 0's alone: its peers would not checkpoint it
-        raise SweepConfigError(
-            f"hpo.pruner=asha with hpo.gpus_per_trial={k}: a trial's ranks do not agree on a "
-            "pause yet; allowed: hpo.gpus_per_trial=1, or hpo.pruner=successive_halving, "
-            "median, hyperband or none"
-        )
