@@ -8,7 +8,8 @@
   evaluations, each with the direction that is better);
 - how a run ended (`status_of`: a typed `Status`, never a class name), and the signal handling
   and password masking both sides share;
-- the GPUs a fleet of workers can be pinned to (`visible_gpus`, without starting CUDA).
+- the GPUs a fleet of workers can be pinned to (`visible_gpus`, without starting CUDA), and the
+  memory of one its trials share (`shared_gpu`, hpo.trials_per_gpu=auto).
 
 The sweeper names the reporter's factory in `hpo.reporter` (a dotted path), so nothing here
 imports the sweeper.
@@ -21,6 +22,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.components.hardware.sharing import SharedGpu, shared_gpu
 from app.components.hardware.visible import visible_gpus
 from app.config.budget import ReportAxis
 from app.config.compose import one_line
@@ -53,6 +55,7 @@ __all__ = [
     "Paused",
     "ReportAxis",
     "Reporter",
+    "SharedGpu",
     "Status",
     "StopRequest",
     "StudyRecord",
@@ -68,6 +71,7 @@ __all__ = [
     "one_line",
     "plot_batch_study",
     "report_axis_of",
+    "shared_gpu",
     "status_of",
     "stop_on_signals",
     "task_of",
@@ -101,7 +105,7 @@ class TrialAttrs:
     # The probe's samples/s for this effective batch on this device: its fastest micro-batch
     # that fits (a trial that ran with a smaller one is still credited with what fits)
     probe_samples_per_sec: float | None = None
-    peak_memory_bytes: int | None = None
+    peak_memory_bytes: int | None = None  # several ranks: the largest rank's
     tokens_per_sec: float | None = None
     device_seconds: float | None = None  # this job's (a resumed trial: since its resume)
     run_dir: str | None = None

@@ -24,10 +24,11 @@ class BatchSizeStudyConfig:
 
 @dataclass
 class HpoConfig:
-    """A field that takes a value or a list (direction, metric), a number or a word (workers),
-    or a mapping the command line may extend is left untyped: OmegaConf 2.3 takes no Union but
-    Optional. The sweeper narrows each into a typed value where it reads the settings
-    (`_settings.read_settings`, `_fleet_plan.FleetAsk`); nothing downstream sees them raw."""
+    """A field that takes a value or a list (direction, metric), a number or a word (workers,
+    trials_per_gpu), or a mapping the command line may extend is left untyped: OmegaConf 2.3
+    takes no Union but Optional. The sweeper narrows each into a typed value where it reads
+    the settings (`_settings.read_settings`, `_fleet_plan.FleetAsk`); nothing downstream sees
+    them raw."""
 
     study_name: str = "hydratrain"
     # A path: an Optuna journal file; a URL (postgresql://..., sqlite:///...): an RDB storage;
@@ -68,10 +69,14 @@ class HpoConfig:
     # each pinned to its own GPUs through CUDA_VISIBLE_DEVICES. workers: a number, or auto (one per
     # gpus_per_trial visible GPUs, 1 without a GPU); devices: null (the visible GPUs) or a list
     # of CUDA_VISIBLE_DEVICES entries; gpus_per_trial: ranks of each trial (torchrun's API);
-    # trials_per_gpu: workers that share one GPU (small trials).
+    # trials_per_gpu: workers that share one GPU (small trials), a number or auto: up to
+    # max_trials_per_gpu workers, as many running at once as the study's measured peak memory
+    # fits in gpu_memory_gib (null: the card's) less the gpu preset's memory_headroom.
     workers: Any = 1
     devices: Any = None
     gpus_per_trial: int = 1
-    trials_per_gpu: int = 1
+    trials_per_gpu: Any = 1
+    max_trials_per_gpu: int = 4
+    gpu_memory_gib: float | None = None
     trial_number: int | None = None  # set by the sweeper for each job
     reporter: str | None = None  # set by the sweeper: dotted path of fn(cfg) -> Reporter

@@ -29,6 +29,7 @@ def describe_run(summary: Summary, run: Run, machine: Machine, config: TrainConf
     summary.task = run.task.name
     summary.device, summary.device_name, summary.preset = device.type, device.name, device.preset
     summary.device_memory_bytes = device.total_memory_bytes
+    summary.memory_limit_bytes = device.memory_limit_bytes
     summary.dtype, summary.precision_reason = precision.name, precision.reason
     summary.world_size = run.dist.world_size
     summary.parallelism = config.training.parallelism

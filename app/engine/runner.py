@@ -380,7 +380,9 @@ def trial_attrs(summary: Summary) -> TrialAttrs:
         samples_seen=summary.samples_seen,
         noise_scale=summary.noise_scale,
         probe_samples_per_sec=summary.probe_samples_per_sec,
-        peak_memory_bytes=summary.peak_memory_bytes,
+        # The largest rank's: what a GPU must hold for one rank of this trial (its sharing)
+        peak_memory_bytes=max(summary.peak_memory_bytes_per_rank or [0])
+        or summary.peak_memory_bytes,
         tokens_per_sec=summary.tokens_per_sec,
         device_seconds=summary.device_seconds,
         run_dir=summary.run_dir,

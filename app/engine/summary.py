@@ -44,6 +44,8 @@ class Summary:
     device_name: str | None = None
     preset: str | None = None
     device_memory_bytes: int | None = None
+    # gpu.memory_limit_gib: the cap this run's process was held to (a GPU trials share)
+    memory_limit_bytes: int | None = field(default=None, metadata=OPTIONAL)
     dtype: str | None = None
     precision_reason: str | None = None
     world_size: int = 1
@@ -110,6 +112,8 @@ class Summary:
         """The banner's device line, printed at start (app/engine/report.py) and looked for
         by the GPU suite: one format for both."""
         mem = f", {self.device_memory_bytes / 2**30:.1f} GiB" if self.device_memory_bytes else ""
+        if self.memory_limit_bytes is not None:
+            mem += f", this run capped at {self.memory_limit_bytes / 2**30:.2f} GiB (shared)"
         return f"device     {self.device}: {self.device_name}{mem} (preset {self.preset})"
 
     def precision_line(self) -> str:

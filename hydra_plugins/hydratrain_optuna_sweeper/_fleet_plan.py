@@ -9,11 +9,16 @@ list is faked on a machine without a GPU exactly as on one with GPUs, so it can 
 
 A process learns that it is a fleet's worker, and which, from WORKER_ENV: it then runs as a
 plain worker whatever `hpo.workers` says.
+
+With hpo.trials_per_gpu=auto a GPU seats up to hpo.max_trials_per_gpu workers, and how many
+of them run a trial at once is decided as trials finish, from their measured peak memory
+(`_gpu_share`).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -31,6 +36,8 @@ class FleetPlan:
     workers: int
     devices: tuple[tuple[str, ...], ...]  # per worker; () leaves CUDA_VISIBLE_DEVICES alone
     gpus_per_trial: int
+    trials_per_gpu: int | None = 1  # None: auto, up to max_trials_per_gpu as memory allows
+    max_trials_per_gpu: int = 1
 
     @property
     def is_fleet(self) -> bool:
@@ -48,36 +55,56 @@ class FleetPlan:
             f"{i}: {','.join(d) if d else 'as launched'}" for i, d in enumerate(self.devices)
         )
         ranks = f", {self.gpus_per_trial} ranks per trial" if self.gpus_per_trial > 1 else ""
-        return f"{self.workers} workers (devices {per}){ranks}"
+        share = (
+            f", trials per GPU: auto (from measured peak memory, at most {self.max_trials_per_gpu})"
+            if self.trials_per_gpu is None
+            else ""
+        )
+        return f"{self.workers} workers (devices {per}){ranks}{share}"
 
 
 @dataclass(frozen=True)
 class FleetAsk:
-    """What hpo.workers, devices, gpus_per_trial and trials_per_gpu ask for, each checked
-    (`plan_fleet` fits them to the machine)."""
+    """What hpo.workers, devices, gpus_per_trial and trials_per_gpu (with max_trials_per_gpu
+    and gpu_memory_gib) ask for, each checked (`plan_fleet` fits them to the machine)."""
 
     workers: int | None = 1  # None: auto, one per seat of the devices (1 without a GPU)
     devices: tuple[str, ...] | None = None  # None: the visible GPUs
     gpus_per_trial: int = 1
-    trials_per_gpu: int = 1
+    trials_per_gpu: int | None = 1  # None: auto, sized from measured peak memory
+    max_trials_per_gpu: int = 4  # auto: the workers each GPU seats
+    gpu_memory_gib: float | None = None  # auto: each GPU's memory; None: the card's
 
     @classmethod
     def of(
-        cls, workers: object, devices: object, gpus_per_trial: object, trials_per_gpu: object
+        cls,
+        workers: object,
+        devices: object,
+        gpus_per_trial: object,
+        trials_per_gpu: object,
+        max_trials_per_gpu: object = 4,
+        gpu_memory_gib: object = None,
     ) -> FleetAsk:
-        """The settings as written (hpo.workers is a number or auto, hpo.devices null or a
-        list); a bad one raises SweepConfigError naming it."""
+        """The settings as written (hpo.workers and hpo.trials_per_gpu are a number or auto,
+        hpo.devices null or a list); a bad one raises SweepConfigError naming it."""
         k = _positive_int(gpus_per_trial, "hpo.gpus_per_trial")
-        share = _positive_int(trials_per_gpu, "hpo.trials_per_gpu")
+        auto = trials_per_gpu == "auto"
+        share = None if auto else _positive_int(trials_per_gpu, "hpo.trials_per_gpu", "auto")
+        most = _positive_int(max_trials_per_gpu, "hpo.max_trials_per_gpu")
         pool = None if devices is None else _device_list(devices)
         n = None if workers == "auto" else _positive_int(workers, "hpo.workers", also="auto")
-        return cls(n, pool, k, share)
+        return cls(n, pool, k, share, most, _gib(gpu_memory_gib))
+
+    @property
+    def seats_per_group(self) -> int:
+        """The workers one group of devices serves."""
+        return self.max_trials_per_gpu if self.trials_per_gpu is None else self.trials_per_gpu
 
 
 def plan_fleet(ask: FleetAsk, visible: list[str]) -> FleetPlan:
     """The fleet `ask` asks for on the GPUs this machine shows (`visible`); one the devices
     cannot seat raises SweepConfigError."""
-    k, share = ask.gpus_per_trial, ask.trials_per_gpu
+    k, share = ask.gpus_per_trial, ask.seats_per_group
     pool = list(visible if ask.devices is None else ask.devices)
     if pool and len(pool) % k:
         raise SweepConfigError(
@@ -90,12 +117,27 @@ def plan_fleet(ask: FleetAsk, visible: list[str]) -> FleetPlan:
     if groups and n > seats:
         raise SweepConfigError(
             f"hpo.workers={n} is more than the devices {pool} seat: groups of "
-            f"hpo.gpus_per_trial={k}, hpo.trials_per_gpu={share} per group; "
+            f"hpo.gpus_per_trial={k}, {_seats_key(ask)}={share} per group; "
             f"allowed: auto or 1..{seats}"
         )
     # Round the groups first: two workers share a GPU only once every GPU has one.
     assigned = tuple(groups[i % len(groups)] if groups else () for i in range(n))
-    return FleetPlan(n, assigned, k)
+    return FleetPlan(n, assigned, k, ask.trials_per_gpu, ask.max_trials_per_gpu)
+
+
+def _seats_key(ask: FleetAsk) -> str:
+    return "hpo.trials_per_gpu" if ask.trials_per_gpu is not None else "hpo.max_trials_per_gpu"
+
+
+def _gib(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf:
+        return float(value)
+    raise SweepConfigError(
+        f"hpo.gpu_memory_gib={value!r} is not allowed; allowed: null (the card's memory) or a "
+        "positive number of GiB"
+    )
 
 
 def _positive_int(value: object, key: str, also: str = "") -> int:

@@ -17,6 +17,7 @@ from ._errors import SweepConfigError
 from ._fleet import LocalFleet, TrialTicker
 from ._fleet_jobs import FleetJob, launch_fleet
 from ._fleet_plan import FleetPlan, fleet_worker, plan_fleet
+from ._gpu_share import check_shared_gpus
 from ._results import write_results
 from ._settings import SweepSettings
 
@@ -101,6 +102,8 @@ def plan_fleet_of(
             f"{s.storage.key} keeps it in this process's memory; allowed: a journal file "
             "(one node) or a database URL (a cluster)"
         )
+    if runs_here(config):  # a launcher's nodes: each worker finds its own GPU's memory
+        check_shared_gpus(plan, ask, config.get("gpu"))
     return Fleet(plan, config, make_job)
 
 

@@ -213,12 +213,21 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
         reports=hpo is not None,
         budget_s=h.budget_s if hpo else None,
         batch_size_study=h.batch_size_study if hpo else None,
-        fleet=FleetAsk.of(h.workers, h.devices, h.gpus_per_trial, h.trials_per_gpu)
-        if hpo
-        else None,
+        fleet=_fleet_ask(h) if hpo else None,
     )
     check(s)
     return s
+
+
+def _fleet_ask(h: HpoConfig) -> FleetAsk:
+    return FleetAsk.of(
+        h.workers,
+        h.devices,
+        h.gpus_per_trial,
+        h.trials_per_gpu,
+        h.max_trials_per_gpu,
+        h.gpu_memory_gib,
+    )
 
 
 def _study_name(stock: StockOptions, h: HpoConfig) -> str | None:

@@ -33,6 +33,7 @@ from ._companion import Judge
 from ._cost import COST, line_cost
 from ._errors import SweepAborted, first_line
 from ._fleet_plan import WorkerIdentity
+from ._gpu_share import GpuShare, gpu_sharing
 from ._outcomes import Outcome, classify, error_attrs
 from ._results import HParamsWriter, write_results
 from ._samplers import record_oom_constraint
@@ -43,6 +44,7 @@ from ._study import Budget, budget_lock, heartbeat, requeue
 
 log = logging.getLogger(__name__)
 REPORTER = "hydra_plugins.hydratrain_optuna_sweeper.reporter.reporter_for_job"
+CAP_KEY = "memory_limit_gib"  # gpu.memory_limit_gib: the memory a trial's process may take
 BETWEEN_TRIALS = "finishing the trials of this batch, then stopping (send it again to stop at once)"
 
 
@@ -75,14 +77,18 @@ class Worker:
         self.failed = 0
         self.identity = WorkerIdentity.here().attrs()  # recorded on each trial it runs
         self.judge = plan.judge or Judge(plan.study)
+        s = plan.settings  # hpo.trials_per_gpu=auto: a seat on the GPU before each batch
+        self.sharing = gpu_sharing(
+            s.fleet, plan.config.get("gpu"), plan.sweep_dir, plan.study, s.liveness.poll_interval
+        )
 
     def run(self) -> int:
         """Run trials until the budget is spent; 0, or 128 + the signal that stopped it."""
         with stop_on_signals(self.stop, then=BETWEEN_TRIALS):
             self._enqueue_initial()
             try:
-                while not self.stop.requested and (trials := self._next_trials()):
-                    self._run_batch(trials)
+                while not self.stop.requested and self._next_batch():
+                    pass
             finally:
                 if self.hparams is not None:
                     self.hparams.close()
@@ -111,6 +117,23 @@ class Worker:
             for params in self.s.enqueue:
                 self.study.enqueue_trial(dict(params))
 
+    def _next_batch(self) -> bool:
+        """Run the next batch of trials, in a seat of its GPU where trials share it; False
+        when there is none (the budget is spent, or the worker was stopped)."""
+        if self.sharing is None:
+            trials = self._next_trials()
+            if trials:
+                self._run_batch(trials)
+            return bool(trials)
+        with self.sharing.seat(self.stop) as share:
+            trials = self._next_trials() if share is not None else []
+            if trials:
+                assert share is not None
+                self.sharing.started(trials[0].number)
+                log.info("Trial %d: %s", trials[0].number, share.describe())
+                self._run_batch(trials, share)
+            return bool(trials)
+
     def _next_trials(self) -> list[Trial]:
         """The next batch; at the end of a study-wide budget, wait for other workers' running
         trials (failing them if they go stale) so the results describe the whole study."""
@@ -124,27 +147,31 @@ class Worker:
             elif not budget.promote_at_end():
                 return trials
 
-    def _run_batch(self, trials: list[Trial]) -> None:
+    def _run_batch(self, trials: list[Trial], share: GpuShare | None = None) -> None:
         jobs = []
         for trial in trials:
             try:
-                jobs.append((trial, self._overrides(trial)))
+                jobs.append((trial, self._overrides(trial, share)))
             except Exception as e:  # a broken search-space hook fails this trial only
                 self._tell(trial, Outcome(TrialState.FAIL, attrs=error_attrs("error", e)))
-        outcomes = self._launch(jobs)
+        outcomes = self._launch(jobs, share)
         rss = release_memory()
         for (trial, _), outcome in zip(jobs, outcomes, strict=True):
             outcome.attrs["host_rss_bytes"] = rss
             self._tell(trial, outcome)
         self._check_failures(outcomes)
 
-    def _launch(self, jobs: list[tuple[Trial, list[str]]]) -> list[Outcome]:
+    def _launch(
+        self, jobs: list[tuple[Trial, list[str]]], share: GpuShare | None = None
+    ) -> list[Outcome]:
         p = self.plan
         if not jobs:
             return []
         trials = [t for t, _ in jobs]
+        shared = share.attrs() if share is not None else {}
         for trial in trials:
-            for key, value in self.identity.items():  # before it runs: a fleet finds orphans
+            # before it runs: a fleet finds orphans, and sees how a GPU is shared
+            for key, value in {**self.identity, **shared}.items():
                 trial.set_user_attr(key, value)
             twin = self.judge.pair(trial)
             reporter.register_live_trial(p.job_storage, self.study.study_name, trial, twin)
@@ -163,7 +190,7 @@ class Worker:
             for trial in trials:
                 reporter.unregister_live_trial(p.job_storage, self.study.study_name, trial.number)
 
-    def _overrides(self, trial: Trial) -> list[str]:
+    def _overrides(self, trial: Trial, share: GpuShare | None = None) -> list[str]:
         p = self.plan
         for name, dist in p.space.distributions.items():
             suggest(trial, name, dist)
@@ -175,11 +202,19 @@ class Worker:
         resume = trial.user_attrs.get("resume_from")
         return [
             *(p.space.override(k, v) for k, v in chosen.items()),
-            *p.space.fixed_overrides(exclude={**chosen, **self._job_keys()}),
+            *p.space.fixed_overrides(exclude={**chosen, **self._job_keys(), **self._cap(share)}),
             *p.space.deletions,
             *([f"training.resume={format_value(resume)}"] if resume else []),
             *self._job_overrides(trial),
+            *(f"{k}={v}" for k, v in self._cap(share).items()),
         ]
+
+    def _cap(self, share: GpuShare | None) -> dict[str, str]:
+        """A trial that shares its GPU is held to what it reserved (the app's gpu node)."""
+        gpu = self.plan.config.get("gpu")
+        if share is None or gpu is None or CAP_KEY not in gpu:
+            return {}
+        return {f"gpu.{CAP_KEY}": format_value(share.cap_gib())}
 
     def _job_keys(self) -> dict[str, None]:
         keys = ("study_name", "storage", "trial_number", "reporter")

@@ -35,6 +35,7 @@ class FakeConfig:
     data: Any = None
     training: Any = None
     fake: Any = None
+    gpu: Any = None
     objective: Any = "final_val_loss"
     hpo: HpoConfig | None = None
 
@@ -84,7 +85,8 @@ def main(cfg: DictConfig) -> float | list[float]:
         "micro_batch_size": t.micro_batch_size,
         "grad_accum_steps": 1,
         "effective_batch_size": t.effective_batch_size,
-        "peak_memory_bytes": 1,
+        "peak_memory_bytes": f.peak_memory_bytes,
+        "memory_limit_gib": cfg.gpu.memory_limit_gib,  # the cap the sweep gave this trial
         "run_dir": run_dir,
         "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),  # as the trial's process saw them
     }
@@ -102,8 +104,9 @@ def main(cfg: DictConfig) -> float | list[float]:
 
 
 def _hold(f, hpo, stop: StopRequest) -> None:
-    """Trials numbered below fake.hold_below wait for fake.release_file (or a signal)."""
-    if f.hold_below is None or hpo is None or hpo.trial_number >= f.hold_below:
+    """Trials numbered from fake.hold_from up to below fake.hold_below wait for
+    fake.release_file (or a signal)."""
+    if f.hold_below is None or hpo is None or not f.hold_from <= hpo.trial_number < f.hold_below:
         return
     Path(f"{f.release_file}.{hpo.trial_number}.holding").touch()  # SIGTERM is this run's now
     while not Path(f.release_file).exists() and not stop.requested:

@@ -26,6 +26,10 @@ class GpuConfig:
     dataloader_workers: int = count(4)
     # Fraction of device memory kept free by the batch probe.
     memory_headroom: float = bounded(0.10, low=0.0, high=0.9)
+    # GiB of the card this run's process may take (CUDA's per-process memory fraction; the
+    # batch probe measures against it). null: the whole card. A sweep whose trials share a
+    # GPU (hpo.trials_per_gpu=auto) sets it per trial to what the trial reserved.
+    memory_limit_gib: float | None = bounded(None, low=0, low_open=True, nullable=True)
     compile: bool = False  # per-card default for model.compile=null
 
 

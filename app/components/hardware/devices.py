@@ -28,6 +28,7 @@ class DeviceInfo:
     name: str
     index: int = 0
     total_memory_bytes: int | None = None
+    memory_limit_bytes: int | None = None  # gpu.memory_limit_gib, where it caps this process
     compute_capability: tuple[int, int] | None = None
     preset: str = "cpu"
     peak_tflops: dict[str, float] = field(default_factory=dict)  # empty: MFU unknown
@@ -91,7 +92,10 @@ def detect_device(gpu: GpuConfig) -> DeviceInfo:
     """Resolve `gpu=...` against the machine; raise ConfigError for a preset that cannot apply."""
     wants = gpu.device_type
     if wants == "cpu" or (wants == "auto" and not torch.cuda.is_available()):
-        return DeviceInfo(type="cpu", name=_cpu_name(), preset="cpu")
+        info = DeviceInfo(type="cpu", name=_cpu_name(), preset="cpu")
+        if gpu.memory_limit_gib is not None:
+            info.warnings.append("gpu.memory_limit_gib caps a CUDA device: the CPU is not capped")
+        return info
     if not torch.cuda.is_available():
         raise ConfigError(
             f"gpu={gpu.name} needs a CUDA device but torch sees none "
@@ -129,8 +133,21 @@ def _detect_cuda(gpu: GpuConfig) -> DeviceInfo:
                 f"({total / 2**30:.1f} GiB); trusting the detected memory"
             )
     info.peak_tflops = dict(detected.peak_tflops) if detected else {}
+    if gpu.memory_limit_gib is not None:
+        info.memory_limit_bytes = cap_process_memory(index, gpu.memory_limit_gib, int(total))
     log.debug("CUDA free memory at start: %.1f GiB", usable / 2**30)
     return info
+
+
+def cap_process_memory(index: int, limit_gib: float, total_bytes: int) -> int:
+    """Hold this process's CUDA allocator to `limit_gib` of the card (gpu.memory_limit_gib):
+    past it an allocation raises torch's OutOfMemoryError in this process, whose run recovers
+    or ends as on a full card, rather than taking memory a neighbour trial holds. The CUDA
+    context itself lies outside the allocator: the preset's headroom covers it. Returns the
+    cap in bytes."""
+    limit = min(int(limit_gib * 2**30), total_bytes)
+    torch.cuda.set_per_process_memory_fraction(limit / total_bytes, index)
+    return limit
 
 
 def effective_preset(gpu: GpuConfig, device: DeviceInfo) -> GpuConfig:

@@ -98,7 +98,8 @@ def cache_key(setup: ProbeSetup, model: torch.nn.Module) -> dict[str, object]:
     dist = setup.machine.dist
     return {
         "version": CACHE_VERSION,
-        "device": [device.type, device.name, device.total_memory_bytes or host_memory_bytes()],
+        "device": [device.type, device.name, device.total_memory_bytes or host_memory_bytes()]
+        + ([device.memory_limit_bytes] if device.memory_limit_bytes else []),  # fractions of it
         "task": setup.task.name,
         "model": dataclasses.asdict(m),
         "num_params": sum(p.numel() for p in model.parameters()),

@@ -308,14 +308,20 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class MemoryMeter:
-    """Peak memory of one candidate as a fraction of the device's (CPU: the system's) total."""
+    """Peak memory of one candidate as a fraction of the device's (CPU: the system's) total, or
+    of the cap gpu.memory_limit_gib sets."""
 
     def __init__(self, device: DeviceInfo) -> None:
         self.device = device.torch_device
         if self.device.type == "cuda":
-            free, self.total = torch.cuda.mem_get_info(self.device)
+            free, card = torch.cuda.mem_get_info(self.device)
             # Memory other processes (and other allocators) hold counts against the margin too.
-            self.elsewhere = self.total - free - torch.cuda.memory_reserved(self.device)
+            others = card - free - torch.cuda.memory_reserved(self.device)
+            # gpu.memory_limit_gib: this process's share of a GPU that trials share. What the
+            # others hold within the rest of the card is theirs; only more than that counts.
+            limit = device.memory_limit_bytes
+            self.total = card if limit is None else limit
+            self.elsewhere = max(0, others - (card - self.total))
         else:
             self.total = host_memory_bytes()
             self.elsewhere = 0
