@@ -158,6 +158,14 @@ class TrainingConfig:
     # fsdp, the weights, gradients and optimizer state are sharded over the ranks, checkpoints too.
     parallelism: str = one_of("ddp", PARALLELISMS)
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
+    # Under torchrun, how long a rank waits in a collective for its peers before it ends the run
+    # with one line naming itself and its phase (docs/scaling.md, "A rank that stops
+    # answering"). null: 60 s for a sweep's trial on several ranks (a hung trial idles all of
+    # its GPUs), 600 s for a torchrun run (NCCL's own default; long enough for rank 0's
+    # checkpoint write or a slower rank's compile while the others wait).
+    peer_timeout_s: float | None = bounded(
+        None, low=0.0, high=86400.0, low_open=True, nullable=True
+    )
 
     def __post_init__(self) -> None:
         # What check() refuses is read as the default here: load_config checks before any use.
@@ -232,3 +240,9 @@ class FaultsConfig:
     # before the checkpoint is complete: what a crash mid-write leaves behind (tests).
     kill_in_checkpoint: int | None = bounded(None, low=1, integer=True, nullable=True)
     kill_rank: int | None = bounded(None, low=0, integer=True, nullable=True)  # null: every rank
+    # Rank `hang_rank` stops answering before `hang_phase` of optimizer step `hang_step`: it
+    # sleeps forever, a stop signal noted and never acted on, as in a rank stuck in a driver
+    # call; its peers wait in a collective until training.peer_timeout_s (tests). null: none.
+    hang_rank: int | None = bounded(None, low=0, integer=True, nullable=True)
+    hang_step: int = count(1)
+    hang_phase: str = one_of("forward", FAULT_PHASES)

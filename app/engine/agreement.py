@@ -48,11 +48,12 @@ class Agreement:
         self.enabled = enabled
         self.group = group  # a host (gloo) process group; None: the default one
         self.phase = "forward"  # the phase this rank has entered (its last boundary)
+        self.step = 0  # ... of this optimizer step (where a lost peer is reported: peers.py)
         self.count = 0  # agreements so far (benchmarks: what it costs per step)
 
     def boundary(self, faults: FaultInjector, phase: str, micro: int, step: int) -> None:
         """Before `phase`: the injected fault, if it fires here, then the agreement."""
-        self.phase = phase
+        self.phase, self.step = phase, step
         try:
             faults.check(phase, micro, step)
         except torch.OutOfMemoryError as exc:
@@ -66,7 +67,7 @@ class Agreement:
     def settle(self, step: int, done: str) -> None:
         """After a phase whose end has no collective (`done`: what ended): did it fail on
         another rank?"""
-        self.phase = done
+        self.phase, self.step = done, step
         if self.enabled:
             self._agree(step, failed=False, inside=False)
 

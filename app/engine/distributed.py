@@ -7,6 +7,7 @@ Nothing here invents a distributed layer: torch.distributed does the work, this 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import os
 from collections.abc import Callable, Sequence
@@ -28,6 +29,10 @@ class DistInfo:
     # agreeing never waits for the GPU; None: the default group (gloo already).
     host_group: dist.ProcessGroup | None = None
     owns_group: bool = False  # this run joined the process group, so it leaves it
+    # training.peer_timeout_s: how long a collective waits for the peers (app/engine/peers.py)
+    timeout_s: float | None = None
+    backend: str = "gloo"
+    peers_lost: bool = False  # a collective found the peers gone: the group is not destroyed
 
     @property
     def enabled(self) -> bool:
@@ -43,9 +48,12 @@ class DistInfo:
         return self.parallelism == "fsdp"
 
 
-def init_distributed(device_type: str, parallelism: str = "ddp") -> DistInfo:
+def init_distributed(
+    device_type: str, parallelism: str = "ddp", timeout_s: float | None = None
+) -> DistInfo:
     """Join the process group when launched by torchrun (WORLD_SIZE > 1); else a single process
-    (with FSDP, a process group of one: fully_shard and its checkpoints need one)."""
+    (with FSDP, a process group of one: fully_shard and its checkpoints need one). `timeout_s`
+    (training.peer_timeout_s, resolved): how long a collective waits for the peers."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     backend = "nccl" if device_type == "cuda" else "gloo"
     if world <= 1:
@@ -54,12 +62,33 @@ def init_distributed(device_type: str, parallelism: str = "ddp") -> DistInfo:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         return DistInfo(parallelism=parallelism, owns_group=owns)
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    info = DistInfo(rank, world, local, parallelism, owns_group=True)
+    info = DistInfo(rank, world, local, parallelism, owns_group=True, timeout_s=timeout_s)
+    info.backend = backend
+    host, device = group_timeouts(timeout_s, backend)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=device)
     if backend != "gloo":
-        info.host_group = dist.new_group(backend="gloo")
+        info.host_group = dist.new_group(backend="gloo", timeout=host)
     return info
+
+
+# NCCL's watchdog waits this much longer than the host group: where the host waits in a
+# collective of its own (every phase boundary under OOM recovery), the host group's timeout
+# ends the run first, as a Python error with the one line; the watchdog (torch's default
+# TORCH_NCCL_ASYNC_ERROR_HANDLING tears the process down) is the bound where only the device
+# waits, the host blocked in a sync.
+NCCL_MARGIN_S = 10.0
+
+
+def group_timeouts(
+    timeout_s: float | None, backend: str
+) -> tuple[datetime.timedelta | None, datetime.timedelta | None]:
+    """(the host group's, the default group's) timeouts; None: torch's defaults."""
+    if timeout_s is None:
+        return None, None
+    host = datetime.timedelta(seconds=timeout_s)
+    margin = NCCL_MARGIN_S if backend == "nccl" else 0.0
+    return host, datetime.timedelta(seconds=timeout_s + margin)
 
 
 def wrap_ddp(model: torch.nn.Module, info: DistInfo, device: torch.device) -> torch.nn.Module:
@@ -195,5 +224,8 @@ def rank0_word(values: Sequence[int], info: DistInfo) -> list[int]:
 
 
 def shutdown(info: DistInfo) -> None:
-    if (info.enabled or info.owns_group) and dist.is_initialized():
+    # NCCL's group is left to the process exit when the peers are lost: destroying it would
+    # wait for the collective they never joined (gloo's fails at once and is destroyed).
+    stuck = info.peers_lost and info.backend != "gloo"
+    if (info.enabled or info.owns_group) and dist.is_initialized() and not stuck:
         dist.destroy_process_group()

@@ -47,6 +47,7 @@ from app.core.outcomes import (
     TrainingOOM,
     status_of,
 )
+from app.engine.peers import exit_when_a_peer_fails
 from app.engine.run import Observers, Run, Samples, StepHooks
 from app.hpo import NullReporter, build_reporter
 
@@ -85,8 +86,10 @@ class RankRecord:
     objective: float | list[float] | None = None
     paused_at: int | None = None  # hpo.pruner=asha: the rung (the study's step) it paused at
     training: dict[str, object] = field(default_factory=dict)  # the settings it trained with
+    ended_at: float | None = None  # time.time() when written: the first failing rank decides
 
     def write(self, run_dir: Path) -> None:
+        self.ended_at = time.time()
         text = json.dumps(dataclasses.asdict(self), indent=1, default=str)
         atomic_write_text(record_path(run_dir, self.rank), text + "\n")
 
@@ -159,13 +162,16 @@ def one_outcome(records: list[RankRecord]) -> float | list[float]:
         raise RunOutcome("the trial's ranks ended before any of them recorded how")
     ended = {Status(r.status) for r in records}
     decisive = next((s for s in PRECEDENCE if s in ended), Status.FAILED)
-    record = next((r for r in records if Status(r.status) == decisive), records[0])
+    decided = [r for r in records if Status(r.status) == decisive]
+    record = min(decided, key=first_ended) if decided else records[0]
     missing = sorted(set(range(record.world_size)) - {r.rank for r in records})
     if decisive in (Status.COMPLETED, Status.PAUSED) and missing:
         raise RunOutcome(f"rank(s) {missing} of {record.world_size} ended without a record")
     if decisive == Status.COMPLETED:
         return next(r for r in records if r.rank == 0).objective  # type: ignore[return-value]
     message = f"rank {record.rank} of {record.world_size}: {record.error or decisive.value}"
+    if (record.error or "").startswith(f"rank {record.rank} of "):  # a lost peer's one line
+        message = str(record.error)
     if decisive == Status.PAUSED:  # the same rung on every rank: they agreed on the pause
         raise Paused(message, step=int(record.paused_at or record.steps))
     if decisive == Status.PREEMPTED:
@@ -202,6 +208,10 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="rank-parent-watch", daemon=True).start()
 
 
+def first_ended(record: RankRecord) -> tuple[float, int]:
+    return (record.ended_at or 0.0, record.rank)  # records without a time: rank order
+
+
 def rank_main(config: TrainConfig, run_dir: str) -> dict[str, object]:
     """One rank of the trial (in a process the launcher spawned): train, record how it ended.
     A prune or a pause, which every rank agreed on, ends it normally; a preemption with 128 +
@@ -214,6 +224,7 @@ def rank_main(config: TrainConfig, run_dir: str) -> dict[str, object]:
     os.setpgrp()
     exit_with_parent()
     rank = int(os.environ.get("RANK", "0"))
+    exit_when_a_peer_fails(Path(run_dir), rank)  # a rank lost for good ends with the trial
     record = RankRecord(
         rank=rank,
         world_size=int(os.environ.get("WORLD_SIZE", "1")),

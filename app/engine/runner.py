@@ -29,6 +29,7 @@ from app.core.errors import ConfigError, first_line
 from app.core.outcomes import RunOutcome, Status
 from app.core.preemption import stop_on_signals
 from app.engine import checkpoint as ckpt
+from app.engine.agreement import Agreement
 from app.engine.batch.cache import ProbeSetup
 from app.engine.batch.faults import FaultInjector
 from app.engine.batch.plan import BatchPlan, eval_micro_size, fixed_plan
@@ -38,6 +39,7 @@ from app.engine.fsdp import full_state_dict
 from app.engine.loop import train
 from app.engine.noise_scale import NoiseScale, check_plan
 from app.engine.parallel import agreement, forward_model, place
+from app.engine.peers import answering_peers, peer_timeout_s
 from app.engine.rank_memory import record_ranks
 from app.engine.report import (
     closing_line,
@@ -70,7 +72,7 @@ def run_training(
     apply_host_malloc(t.host_malloc)  # before the data and model allocate
     apply_expandable_segments(t.expandable_segments)  # before CUDA starts
     device = detect_device(config.gpu)
-    dist = init_distributed(device.type, t.parallelism)
+    dist = init_distributed(device.type, t.parallelism, peer_timeout(config))
     run_dir = shared_run_dir(Path(run_dir), dist)
     try:
         resume_from = check_start(config, run_dir, device.type, device.total_memory_bytes)
@@ -84,7 +86,7 @@ def run_training(
     summary = Summary(run_dir=str(run_dir))
     run = None
     try:
-        with stop_on_signals(observers.stop):
+        with stop_on_signals(observers.stop), answering_peers(dist, lambda: where(run)):
             run = build_run(config, machine, run_dir, state, observers, task)
             train_and_export(run, summary, machine, config)
         summary.status = Status.COMPLETED.value
@@ -94,6 +96,15 @@ def run_training(
     finally:
         finish(run, summary, started, machine, observers)
     return summary
+
+
+def peer_timeout(config: TrainConfig) -> float:
+    in_trial = config.hpo is not None and config.hpo.trial_number is not None
+    return peer_timeout_s(config.training.peer_timeout_s, in_trial)
+
+
+def where(run: Run | None) -> Agreement | None:
+    return None if run is None else run.agreement
 
 
 def resolve_machine(config: TrainConfig, device: DeviceInfo, dist: DistInfo) -> Machine:
