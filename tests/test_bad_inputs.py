@@ -162,6 +162,7 @@ CASES = [
         ["training.parallelism=fsdp", "training.optimizer=adafactor"],
         "training.optimizer=adafactor cannot step the sharded parameters",
     ),
+    ("peer-timeout", ["training.peer_timeout_s=0"], "peer_timeout_s=0.0 must be a finite number"),
     ("fault-kill", ["faults.kill_in_checkpoint=0"], "faults.kill_in_checkpoint=0 must be"),
 ]
 
