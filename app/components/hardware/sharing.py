@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.components.hardware.config import GpuConfig
-from app.components.hardware.devices import load_presets, match_preset
 from app.core.errors import ConfigError
 
 GIB = 2**30
@@ -55,6 +54,10 @@ def _headroom(gpu: Mapping[str, object], card: str) -> float:
     """The preset's memory_headroom; gpu=auto (or no gpu node): the preset of the card."""
     default = GpuConfig(name="auto")
     if gpu.get("device_type", default.device_type) == "auto":
+        # devices imports torch: a sweep process (a fleet's parent, before it starts its
+        # workers) must not pay that at start-up
+        from app.components.hardware.devices import load_presets, match_preset
+
         preset = match_preset(card, load_presets())
         if preset is not None:
             return float(preset.memory_headroom)
