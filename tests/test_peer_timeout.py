@@ -49,7 +49,7 @@ def test_a_rank_that_stops_answering_ends_its_trial_within_the_bound(tmp_path):
         "hydra.sweeper.params={faults.hang_step:'choice(2, 1000)'}",
         "hpo.enqueue=[{faults.hang_step:2},{faults.hang_step:1000}]",  # 1000: never reached
         *HANG,
-        timeout=600,
+        timeout=300,  # the guard: about 70 s on two shared cores; unbounded, 30 minutes
     )
     assert result.returncode == 0, result.stderr[-3000:]
     study = optuna.load_study(study_name="hang", storage=journal(f"{tmp_path}/study.journal"))
@@ -64,7 +64,6 @@ def test_a_rank_that_stops_answering_ends_its_trial_within_the_bound(tmp_path):
     assert seconds(hung.datetime_start, hung.datetime_complete) < TRIAL_LIMIT_S
     recorded = datetime.fromtimestamp(waiting.ended_at or 0)
     assert seconds(recorded, hung.datetime_complete) < AFTER_RECORD_S
-    print("TIMING", seconds(hung.datetime_start, hung.datetime_complete), seconds(recorded, hung.datetime_complete), seconds(done.datetime_start, done.datetime_complete))
     # The worker went on: its next trial trained on both ranks.
     assert done.state == TrialState.COMPLETE
     statuses = [RankRecord.read(record_path(done.user_attrs["run_dir"], r)).status for r in (0, 1)]
