@@ -85,7 +85,7 @@ def test_trials_per_gpu_auto_seats_max_trials_per_gpu_workers_on_each_gpu():
     plan = plan_fleet(ask, [])
     assert plan.workers == 6 and plan.devices == (("0",), ("1",)) * 3
     assert "trials per GPU: auto (from measured peak memory, at most 3)" in plan.describe()
-    with pytest.raises(SweepConfigError, match="hpo.max_trials_per_gpu=3 per group"):
+    with pytest.raises(SweepConfigError, match=r"hpo\.max_trials_per_gpu=3 per group"):
         plan_fleet(FleetAsk.of(7, [0, 1], 1, "auto", 3), [])
 
 
@@ -103,7 +103,7 @@ def test_bad_sharing_settings_are_one_line(args, needle):
 
 
 def test_a_gpu_without_nvml_needs_its_memory_named():
-    with pytest.raises(Exception, match="hpo.gpu_memory_gib=<GiB of each GPU>"):
+    with pytest.raises(Exception, match=r"hpo\.gpu_memory_gib=<GiB of each GPU>"):
         shared_gpu("0", {}, None)
     assert shared_gpu("0", {"device_type": "cuda", "memory_headroom": 0.2}, 8).headroom == 0.2
 
@@ -165,6 +165,15 @@ def _full(tmp_path: Path, seated: int) -> bool:
     return all(len(b["seats"]) == seated and b["waiting"] for b in books)
 
 
+def _at_most(trials: list[FrozenTrial], n: int) -> bool:
+    """No fake GPU runs more than `n` trials in this look at the study."""
+    for device in ("0", "1"):
+        on_it = [t for t in trials if t.user_attrs.get("devices") == device]
+        running = [t.number for t in on_it if t.state == TrialState.RUNNING]
+        assert len(running) <= n, f"trials {running} run at once on device {device}"
+    return True
+
+
 def _most_at_once(trials: list[FrozenTrial], device: str) -> int:
     """The most trials of `device` running at once, from the study's own times: each trial
     was asked after its worker took a seat and told before the worker gave it back."""
@@ -180,10 +189,11 @@ def _most_at_once(trials: list[FrozenTrial], device: str) -> int:
     return most
 
 
-def _finish(tmp_path: Path, parent: subprocess.Popen, n: int) -> list[FrozenTrial]:
+def _finish(tmp_path: Path, parent: subprocess.Popen, n: int, most: int) -> list[FrozenTrial]:
     (tmp_path / "release").touch()
     out, err = parent.communicate(timeout=300)
     assert parent.returncode == 0, err[-2000:]
+    assert f"trials per GPU: auto (from measured peak memory, at most {most})" in out
     trials = _trials(tmp_path)
     assert len(trials) == n and all(t.state == TrialState.COMPLETE for t in trials)
     return trials
@@ -196,14 +206,14 @@ def test_trials_that_fit_three_to_a_gpu_run_three_at_once_on_each_and_never_four
     args = _sharing(tmp_path, 10, 4, 2.5, "fake.hold_from=2", "fake.hold_below=8")
     parent = _start(tmp_path, args)
     holding = [tmp_path / f"release.{n}.holding" for n in range(2, 8)]
-    _wait_for(tmp_path, lambda ts: all(p.exists() for p in holding) and _full(tmp_path, 3),
-              parent)  # fmt: skip
+    _wait_for(tmp_path, lambda ts: _at_most(ts, 3) and all(p.exists() for p in holding)
+              and _full(tmp_path, 3), parent)  # fmt: skip
     running = [t for t in _trials(tmp_path) if t.state == TrialState.RUNNING]
     assert sorted(t.number for t in running) == list(range(2, 8))
     for device in ("0", "1"):
         on_it = [t for t in running if t.user_attrs["devices"] == device]
         assert len(on_it) == 3 and max(t.user_attrs["gpu_share"]["trials"] for t in on_it) == 3
-    trials = _finish(tmp_path, parent, 10)
+    trials = _finish(tmp_path, parent, 10, 4)
     assert [_most_at_once(trials, d) for d in ("0", "1")] == [3, 3]
     for t in trials[2:8]:
         share = t.user_attrs["gpu_share"]
@@ -218,8 +228,8 @@ def test_a_trial_that_fits_only_alone_runs_alone_on_its_gpu(tmp_path):
     args = _sharing(tmp_path, 6, 2, 6.0, "fake.hold_from=2", "fake.hold_below=4")
     parent = _start(tmp_path, args)
     holding = [tmp_path / f"release.{n}.holding" for n in (2, 3)]
-    _wait_for(tmp_path, lambda ts: all(p.exists() for p in holding) and _full(tmp_path, 1),
-              parent)  # fmt: skip
-    trials = _finish(tmp_path, parent, 6)
+    _wait_for(tmp_path, lambda ts: _at_most(ts, 1) and all(p.exists() for p in holding)
+              and _full(tmp_path, 1), parent)  # fmt: skip
+    trials = _finish(tmp_path, parent, 6, 2)
     assert [_most_at_once(trials, d) for d in ("0", "1")] == [1, 1]
     assert all(t.user_attrs["gpu_share"]["trials"] == 1 for t in trials)
