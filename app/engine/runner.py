@@ -391,9 +391,7 @@ def trial_attrs(summary: Summary) -> TrialAttrs:
         samples_seen=summary.samples_seen,
         noise_scale=summary.noise_scale,
         probe_samples_per_sec=summary.probe_samples_per_sec,
-        # The largest rank's: what a GPU must hold for one rank of this trial (its sharing)
-        peak_memory_bytes=max(summary.peak_memory_bytes_per_rank or [0])
-        or summary.peak_memory_bytes,
+        peak_memory_bytes=summary.largest_peak_bytes,
         tokens_per_sec=summary.tokens_per_sec,
         device_seconds=summary.device_seconds,
         run_dir=summary.run_dir,

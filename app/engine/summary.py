@@ -108,6 +108,12 @@ class Summary:
     device_seconds: float | None = None
     export_dir: str | None = field(default=None, metadata=OPTIONAL)
 
+    @property
+    def largest_peak_bytes(self) -> int | None:
+        """The largest rank's peak memory (one rank: the run's): what each GPU of the run held
+        at most, as a sweep that shares GPUs sizes its trials."""
+        return max(self.peak_memory_bytes_per_rank or [0]) or self.peak_memory_bytes
+
     def device_line(self) -> str:
         """The banner's device line, printed at start (app/engine/report.py) and looked for
         by the GPU suite: one format for both."""
