@@ -4,7 +4,9 @@ Rank 1 of a 2-rank trial (gloo, CPU) stops answering before its forward of step 
 (`faults.hang_rank`); rank 0 waits for it in that phase's collective. With a 5 s bound the
 trial ends on both ranks within the bound and a few seconds, FAIL with one line naming the
 rank, the phase and the step, and the worker runs its next trial. The subprocess timeouts
-are the guard: without the bound the sweep would wait for torch's 30 minutes.
+are the guard: without the bound the sweep would wait for torch's 30 minutes. Plain torchrun
+ends with the same line; the error that becomes it, and the trial's one outcome when several
+ranks failed (the first to fail decides), are checked without processes.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from datetime import datetime
 
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 
-from app.engine.peers import GRACE_S
-from app.engine.ranks import RankRecord, record_path
+from app.core.outcomes import RunOutcome, Status
+from app.engine.agreement import Agreement
+from app.engine.distributed import DistInfo
+from app.engine.peers import GRACE_S, PeersLost, answering_peers
+from app.engine.ranks import RankRecord, one_outcome, record_path
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 from tests.conftest import ROOT, TINY, run_cli, tiny
 
-pytestmark = pytest.mark.slow
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 BOUND_S = 5
@@ -35,6 +40,7 @@ TRIAL_LIMIT_S = 120
 AFTER_RECORD_S = GRACE_S + 15
 
 
+@pytest.mark.slow
 def test_a_rank_that_stops_answering_ends_its_trial_within_the_bound(tmp_path):
     result = run_cli(
         "-m",
@@ -70,6 +76,7 @@ def test_a_rank_that_stops_answering_ends_its_trial_within_the_bound(tmp_path):
     assert statuses == ["completed"] * 2
 
 
+@pytest.mark.slow
 def test_a_torchrun_run_ends_with_the_same_line(tmp_path):
     """Plain torchrun: the waiting rank ends the run with the line and status 1; torchrun's
     agent then stops the lost rank (SIGTERM, SIGKILL 30 s later)."""
@@ -85,6 +92,44 @@ def test_a_torchrun_run_ends_with_the_same_line(tmp_path):
     )
     assert proc.returncode != 0
     assert f"error: {LINE}\n" in proc.stderr, proc.stderr[-3000:]
+
+
+GLOO_TIMEOUT = "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv"
+GLOO_GONE = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:13963."
+
+
+def ended_in(agreement: Agreement | None, error: BaseException) -> BaseException:
+    info = DistInfo(rank=1, world_size=4, timeout_s=2.5)
+    with pytest.raises(BaseException) as caught, answering_peers(info, lambda: agreement):
+        raise error
+    return caught.value
+
+
+def test_a_collective_error_becomes_one_line_with_the_phase_and_step():
+    agreement = Agreement(rank=1)
+    agreement.phase, agreement.step = "backward", 7
+    lost = ended_in(agreement, RuntimeError(GLOO_TIMEOUT))
+    assert isinstance(lost, PeersLost) and lost.status == Status.FAILED
+    assert str(lost) == "rank 1 of 4: no answer from its peers within 2.5s in backward (step 7)"
+    agreement.phase = "updated"  # after a phase with no collective of its own
+    left = str(ended_in(agreement, RuntimeError(GLOO_GONE)))
+    assert left.startswith("rank 1 of 4: its peers left after it updated (step 7): ")
+    assert "while starting (step 0)" in str(ended_in(None, RuntimeError(GLOO_TIMEOUT)))
+
+
+def test_other_errors_pass_unchanged():
+    for error in (torch.OutOfMemoryError("CUDA out of memory"), RuntimeError("shape mismatch")):
+        assert ended_in(Agreement(), error) is error
+
+
+def test_the_first_failing_rank_decides_the_trial():
+    def failed(rank: int, at: float, error: str) -> RankRecord:
+        return RankRecord(rank, 2, rank, None, Status.FAILED.value, error=error, ended_at=at)
+
+    first = "rank 1 of 2: no answer from its peers within 5s in forward (step 2)"
+    records = [failed(0, 20.0, "its peers left in backward (step 2)"), failed(1, 10.0, first)]
+    with pytest.raises(RunOutcome, match=r"^rank 1 of 2: no answer from its peers within 5s"):
+        one_outcome(records)
 
 
 def seconds(start: datetime | None, end: datetime | None) -> float:
