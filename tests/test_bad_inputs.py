@@ -139,6 +139,7 @@ CASES = [
     ("fp16-on-cpu", ["precision=fp16"], "precision=fp16 needs a CUDA device"),
     ("bf16-on-t4", ["gpu=t4", "precision=bf16"], "precision=bf16 is not supported by gpu=t4"),
     ("headroom", ["gpu.memory_headroom=1.5"], "gpu.memory_headroom=1.5"),
+    ("memory-limit", ["gpu.memory_limit_gib=-1"], "gpu.memory_limit_gib=-1.0 must be"),
     ("fault-phase", ["faults.oom_phase=never"], "faults.oom_phase='never'"),
     # profiler and trackers
     (
@@ -329,6 +330,9 @@ SWEEP_CASES = [
     ("fleet-seats", ["hpo.workers=3", "hpo.devices=[0,1]"], "hpo.workers=3 is more than"),
     ("fleet-memory", ["hpo.workers=2", "hpo.storage=memory"], "needs a study the workers share"),
     ("fleet-per-run", ["hpo.workers=2", "hydra.sweeper.n_trials=3"], "study-wide budget"),
+    ("share-word", ["hpo.trials_per_gpu=foo"], "hpo.trials_per_gpu='foo' is not allowed"),
+    ("share-most", ["hpo.max_trials_per_gpu=0"], "hpo.max_trials_per_gpu=0 is not allowed"),
+    ("share-memory", ["hpo.gpu_memory_gib=-1"], "hpo.gpu_memory_gib=-1.0 is not allowed"),
     ("ranks-memory", ["hpo.gpus_per_trial=2", "hpo.storage=memory"], "needs a study its ranks"),
     ("sweep-cfg", ["--cfg", "job"], "to see a trial's config, run without -m"),
 ]

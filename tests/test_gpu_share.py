@@ -126,6 +126,11 @@ def test_a_capped_run_measures_against_its_cap_and_says_so(monkeypatch):
     assert line.endswith("80.0 GiB, this run capped at 20.00 GiB (shared) (preset h100)")
 
 
+def test_a_trial_of_several_ranks_records_its_largest_ranks_peak():
+    assert Summary(peak_memory_bytes=5, peak_memory_bytes_per_rank=[5, 9]).largest_peak_bytes == 9
+    assert Summary(peak_memory_bytes=5).largest_peak_bytes == 5
+
+
 def test_a_share_describes_itself_and_caps_its_trial_below_its_reservation():
     share = GpuShare("0", 3, reservation([int(2.5 * GIB)], GPU), GPU.memory_bytes, 0.1, 5)
     assert share.describe().startswith("3 trial(s) on devices 0: 2.78 of 10.00 GiB")
