@@ -124,6 +124,12 @@ def test_two_workers_on_their_own_devices_run_trials_with_no_barrier(tmp_path):
     lines = [ln for ln in out.splitlines() if "] Trial " in ln]
     assert len(lines) == 4 and all("COMPLETE" in ln and "(devices " in ln for ln in lines)
     assert "Fleet: 2 workers (devices 0: 0, 1: 1)" in out
+    # The workers start before the parent checks the space and opens the study: their
+    # start-up runs beside the parent's, not after it.
+    said = [ln.split("][HYDRA] ", 1)[-1] for ln in out.splitlines()]
+    started = [i for i, x in enumerate(said) if x.startswith("Started worker ")]
+    prepared = [i for i, x in enumerate(said) if x.startswith("Study t in ")]
+    assert len(started) == 2 and len(prepared) == 1 and max(started) < prepared[0]
     rows = {"worker 0 (GPU 0)", "worker 1 (GPU 1)"}
     _assert_one_report_with_a_row_per_worker(tmp_path, out, rows)
 
@@ -142,6 +148,34 @@ def _assert_one_report_with_a_row_per_worker(tmp_path: Path, out: str, rows: set
     figure = timeline(study_record(study, "journal"), study)
     assert {row for trace in figure.data for row in trace.y} == rows
     assert "<section id='timeline' data-drawn=\"true\">" in report.read_text()
+
+
+def test_a_bad_setting_found_after_the_workers_started_stops_them(tmp_path):
+    """The workers start before the parent checks the search space: a bad one ends the
+    parent as a lone worker's would (one line, status 2, no study), with its workers stopped
+    and waited for, not left to fail on their own."""
+    bad = "hydra.sweeper.params={training.lr:'interval(1, nope)'}"
+    parent = _start(tmp_path, _args(tmp_path, 2, "hpo.workers=2", bad))
+    out, err = parent.communicate(timeout=120)
+    assert parent.returncode == 2, err[-2000:]
+    assert err.strip().splitlines() == [err.strip().splitlines()[-1]]
+    assert err.startswith("error: hydra.sweeper.params.training.lr=interval(1, nope)")
+    assert not (tmp_path / "study.journal").exists()
+    pids = [int(ln.split(": pid ")[1].split(",")[0]) for ln in out.splitlines() if ": pid " in ln]
+    assert len(pids) == 2
+    for pid in pids:  # ended and reaped by the parent before it exited
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_the_sweeper_starts_without_torch():
+    """A fleet's parent starts its workers once the sweeper is set up: importing torch first
+    (seconds on a CPU) would delay every worker by as much."""
+    code = (
+        "import sys, hydra_plugins.hydratrain_optuna_sweeper._impl; print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
 
 
 def test_a_worker_killed_mid_trial_leaves_the_budget_to_the_other(tmp_path):

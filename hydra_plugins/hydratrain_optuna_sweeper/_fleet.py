@@ -2,9 +2,13 @@
 
 Each worker is this same command run again (the ordinary one-process worker: it asks for the
 next trial as soon as its trial ends), told by WORKER_ENV that it is worker <n> and pinned by
-CUDA_VISIBLE_DEVICES, set before the process starts, so before CUDA does. Its output goes to
-<sweep dir>/workers/worker_<n>.log; the parent prints one line per finished trial, read from
-the study, which is also how a fleet of launcher jobs is watched (`_fleet_jobs`).
+CUDA_VISIBLE_DEVICES, set before the process starts, so before CUDA does. The parent starts
+them as soon as the fleet is planned, before it checks the search space and opens the study:
+a worker checks the same settings itself and opens (or creates) the same study, so its
+start-up runs beside the parent's rather than after it; should the parent's checks fail, it
+stops them. Its output goes to <sweep dir>/workers/worker_<n>.log; the parent prints one line
+per finished trial, read from the study, which is also how a fleet of launcher jobs is
+watched (`_fleet_jobs`).
 
 The parent forwards SIGTERM/SIGINT to every worker once per signal it gets (each worker
 preempts its trial as a lone worker does), and starts them in sessions of their own so that
@@ -26,6 +30,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -45,11 +50,17 @@ TICK = 0.2  # seconds between looks at the worker processes
 
 
 class TrialTicker:
-    """Prints one line per trial that finished since the fleet started, as a worker would."""
+    """Prints one line per trial that finished since the fleet started (now, or `since`: its
+    workers may finish trials before the parent reads the study), as a worker would."""
 
-    def __init__(self, study: optuna.Study) -> None:
+    def __init__(self, study: optuna.Study, since: datetime | None = None) -> None:
         self.study = study
-        self.seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+        self.seen = {
+            t.number
+            for t in study.get_trials(deepcopy=False)
+            if t.state.is_finished()
+            and (since is None or t.datetime_complete is None or t.datetime_complete < since)
+        }
 
     def poll(self) -> None:
         try:
@@ -104,28 +115,37 @@ class Member:
 
 
 class LocalFleet:
-    def __init__(
-        self, plan: FleetPlan, study: optuna.Study, settings: SweepSettings, sweep_dir: str
-    ) -> None:
+    def __init__(self, plan: FleetPlan, settings: SweepSettings, sweep_dir: str) -> None:
         self.plan = plan
-        self.study = study
         self.s = settings
         self.sweep_dir = sweep_dir
         self.members = [Member(i, plan.env(i)) for i in range(plan.workers)]
         self.signum: int | None = None
+        self.since = datetime.now()
 
-    def run(self) -> int:
-        """Start the workers, watch them until every one ended; 0 when all ended cleanly, 128 +
-        the signal that stopped them, else 1 (after one `error:` line)."""
+    @contextlib.contextmanager
+    def started(self) -> Iterator[LocalFleet]:
+        """Start the workers now and forward signals to them while the body prepares the study
+        and `watch`es them. A body that raises (the parent's checks failed: each worker's
+        same checks fail too) stops the workers that still run and waits for them."""
         command = worker_command(self.sweep_dir)
-        ticker = TrialTicker(self.study)
         with self._forwarding_signals():
+            self.since = datetime.now()
             for m in self.members:
                 if self.signum is None:
                     self._start(m, command)
                 else:  # stopped while starting them: the rest never start
                     m.status = 128 + self.signum
-            self._watch(ticker)
+            try:
+                yield self
+            except BaseException:
+                self._stop()
+                raise
+
+    def watch(self, study: optuna.Study) -> int:
+        """Watch the workers until every one ended; 0 when all ended cleanly, 128 + the signal
+        that stopped them, else 1 (after one `error:` line)."""
+        self._watch(study, TrialTicker(study, since=self.since))
         return self._status()
 
     def _start(self, m: Member, command: list[str]) -> None:
@@ -143,19 +163,19 @@ class LocalFleet:
         )
         log.info("Started %s: pid %d, log %s", m.describe(), m.proc.pid, m.log_path)
 
-    def _watch(self, ticker: TrialTicker) -> None:
+    def _watch(self, study: optuna.Study, ticker: TrialTicker) -> None:
         next_look = 0.0
         while any(m.status is None for m in self.members):
             for m in self.members:
                 if m.status is None and m.proc is not None and m.proc.poll() is not None:
-                    self._ended(m)
+                    self._ended(study, m)
             if time.monotonic() >= next_look:
                 ticker.poll()
                 next_look = time.monotonic() + self.s.liveness.poll_interval
             time.sleep(TICK)
         ticker.poll()
 
-    def _ended(self, m: Member) -> None:
+    def _ended(self, study: optuna.Study, m: Member) -> None:
         assert m.proc is not None and m.out is not None
         m.status = m.proc.returncode
         m.out.close()
@@ -163,8 +183,20 @@ class LocalFleet:
         if m.status != 0 and not forwarded:
             log.warning("%s ended: %s; log %s", m.describe(), _exit_text(m.status), m.log_path)
         why = f"{m.describe()} (pid {m.proc.pid}) ended: {_exit_text(m.status)}"
-        for number in fail_orphans(self.study, self.s, m.proc.pid, why):
+        for number in fail_orphans(study, self.s, m.proc.pid, why):
             log.warning("Trial %d was running in %s: failed as stale", number, m.describe())
+
+    def _stop(self) -> None:
+        """Stop the workers that still run (before their first trial, this ends them at
+        once) and wait for each: the parent leaves no worker behind."""
+        for m in self.members:
+            if m.proc is not None and m.status is None:
+                with contextlib.suppress(ProcessLookupError):
+                    m.proc.send_signal(signal.SIGTERM)
+        for m in self.members:
+            if m.proc is not None and m.out is not None and m.status is None:
+                m.status = m.proc.wait()
+                m.out.close()
 
     @contextlib.contextmanager
     def _forwarding_signals(self) -> Iterator[None]:

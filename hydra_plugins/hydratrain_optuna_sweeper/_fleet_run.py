@@ -1,11 +1,13 @@
-"""The sweeper's side of a fleet: decide it with the other settings (before the study is
-touched), then run it in the place of the lone worker: processes of this node under Hydra's
-basic launcher, jobs of any other launcher (`_fleet_jobs`)."""
+"""The sweeper's side of a fleet: decide it first among the settings, start it (a local
+fleet's workers start before the parent checks the search space and opens the study), then
+run it in the place of the lone worker: processes of this node under Hydra's basic launcher,
+jobs of any other launcher (`_fleet_jobs`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,25 +38,40 @@ class Fleet:
     plan: FleetPlan
     config: DictConfig
     make_job: Callable[[FleetPlan], FleetJob]
+    workers: LocalFleet | None = None  # a local fleet's processes, once started
 
     @property
     def local(self) -> bool:
         return runs_here(self.config)
 
-    def run(self, plan: Plan) -> int:
-        """Run the fleet on `plan.study` until its budget is spent; the fleet's status."""
-        s = plan.settings
+    @contextlib.contextmanager
+    def started(self, s: SweepSettings, sweep_dir: str, storage: str) -> Iterator[None]:
+        """Say what the fleet is; a local fleet's workers start now, while the body prepares
+        the study and runs the fleet (`LocalFleet.started`), a launcher's jobs in `run`.
+        `storage`: hpo.storage as the log may show it."""
         where = "processes of this node" if self.local else "jobs of the configured launcher"
         log.info(
             "Fleet: %s as %s, study in %s; logs in %s/workers",
             self.plan.describe(),
             where,
-            plan.mask(s.storage.text),
-            plan.sweep_dir,
+            storage,
+            sweep_dir,
         )
+        if not self.local:
+            yield
+            return
+        self.workers = LocalFleet(self.plan, s, sweep_dir)
+        with self.workers.started():
+            yield
+
+    def run(self, plan: Plan) -> int:
+        """Run the fleet on `plan.study` until its budget is spent (inside `started`); the
+        fleet's status."""
+        s = plan.settings
         try:
             if self.local:
-                return LocalFleet(self.plan, plan.study, s, plan.sweep_dir).run()
+                assert self.workers is not None, "a local fleet runs inside started()"
+                return self.workers.watch(plan.study)
             ticker = TrialTicker(plan.study)
             job = self.make_job(self.plan)
             return launch_fleet(job, self.config, self.plan, ticker, s.liveness.poll_interval)

@@ -1,8 +1,11 @@
 """Planning a sweep: everything that can be wrong is checked before the study is touched.
 
-Order: settings -> search space -> every searched value through the app's validation ->
-metrics -> sampler and pruner -> storage -> study. A bad setting ends in one `error:` line and
-exit status 2 with the storage byte for byte as it was. Then `_worker.Worker` runs the trials.
+Order: settings -> the fleet (hpo.workers: its local workers start here, each checking the
+rest itself, so their start-up runs beside this process's) -> search space -> every searched
+value through the app's validation -> metrics -> sampler and pruner -> storage -> study. A bad
+setting ends in one `error:` line and exit status 2 with the storage byte for byte as it was
+(a fleet's workers, started, stop at the same setting; the parent waits for them). Then
+`_worker.Worker` runs the trials, or the fleet does.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class OptunaSweeperImpl(Sweeper):
         self.hydra_context: HydraContext | None = None
         self.launcher: Launcher | None = None
         self.task_function: TaskFunction | None = None
-        self.fleet: Fleet | None = None  # set by _plan when hpo.workers starts workers here
+        self.fleet: Fleet | None = None  # set by sweep when hpo.workers starts workers here
         self.mask = Masker()  # every password the sweep holds, once its settings are read
 
     def setup(
@@ -75,11 +78,13 @@ class OptunaSweeperImpl(Sweeper):
 
     def sweep(self, arguments: list[str]) -> None:
         try:
-            plan = self._plan(arguments)
-            try:
-                status = self.fleet.run(plan) if self.fleet else Worker(plan).run()
-            finally:  # a stopped or failed sweep too: the report shows what the study holds
-                self._report(plan)
+            s = self._settings()
+            with self._start_fleet(s, arguments):
+                plan = self._plan(s, arguments)
+                try:
+                    status = self.fleet.run(plan) if self.fleet else Worker(plan).run()
+                finally:  # a stopped or failed sweep too: the report shows what the study holds
+                    self._report(plan)
             if not status:  # a stopped worker's status says more than its study's state
                 check_completed(plan.study)
         except SweepConfigError as e:
@@ -100,12 +105,30 @@ class OptunaSweeperImpl(Sweeper):
                 )
             raise SystemExit(status)
 
-    def _plan(self, arguments: list[str]) -> Plan:
+    def _settings(self) -> SweepSettings:
+        assert self.config is not None
+        stock = StockOptions.of(self.options, self.stock_node)
+        s = read_settings(stock, self.config.get("hpo"), str(self.config.hydra.sweep.dir))
+        self.mask = _masker(self.config, s)
+        return s
+
+    def _start_fleet(
+        self, s: SweepSettings, arguments: list[str]
+    ) -> contextlib.AbstractContextManager[None]:
+        """The fleet hpo.workers asks for, checked (`self.fleet`; None: a lone worker). One of
+        this node's processes starts its workers now, before the study is prepared: each is a
+        sweep process of its own, whose start-up (imports, composing and checking the config)
+        then runs beside this process's checks rather than after them."""
+        assert self.config is not None
+        self.fleet = plan_fleet_of(s, self.config, lambda fleet: self._fleet_job(fleet, arguments))
+        if self.fleet is None:
+            return contextlib.nullcontext()
+        sweep_dir = str(self.config.hydra.sweep.dir)
+        return self.fleet.started(s, sweep_dir, self.mask(s.storage.text))
+
+    def _plan(self, s: SweepSettings, arguments: list[str]) -> Plan:
         assert self.config is not None and self.launcher is not None
         sweep_dir = str(self.config.hydra.sweep.dir)
-        stock = StockOptions.of(self.options, self.stock_node)
-        s = read_settings(stock, self.config.get("hpo"), sweep_dir)
-        self.mask = _masker(self.config, s)
         space = _space(s, arguments)
         hook = load_hook(s.search_space_fn, s.search_space_key)
         job_cfg = check_space(self._compose, space, str(self.config.hydra.job.config_name))
@@ -116,7 +139,6 @@ class OptunaSweeperImpl(Sweeper):
         _check_batch_study(s, schedule)
         pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions), schedule)
         judged_by = build_pruner(s.pruner, s.pruner_args, 1, schedule)  # the report metric's
-        self.fleet = plan_fleet_of(s, self.config, lambda fleet: self._fleet_job(fleet, arguments))
         study = self._open_study(s, sampler, pruner)
         if schedule is not None:
             describe(study, s.metrics, schedule.unit, schedule.last)
