@@ -74,9 +74,9 @@ def init_distributed(
 
 # NCCL's watchdog waits this much longer than the host group: where the host waits in a
 # collective of its own (every phase boundary under OOM recovery), the host group's timeout
-# ends the run first, as a Python error with the one line; the watchdog (torch's default
-# TORCH_NCCL_ASYNC_ERROR_HANDLING tears the process down) is the bound where only the device
-# waits, the host blocked in a sync.
+# ends the run first, as a Python error with the one line; the watchdog (torchrun's agent sets
+# TORCH_NCCL_ASYNC_ERROR_HANDLING=1: it tears the process down) is the bound where only the
+# device waits, the host blocked in a sync. Untested on GPUs here.
 NCCL_MARGIN_S = 10.0
 
 
