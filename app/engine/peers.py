@@ -75,8 +75,7 @@ def answering_peers(info: DistInfo, where: Callable[[], Agreement | None]) -> It
         if line is None:
             raise
         info.peers_lost = True
-        log.error("%s", line)
-        raise PeersLost(line) from exc
+        raise PeersLost(line) from exc  # the run's one line: the entry or the trial prints it
 
 
 def whereabouts(agreement: Agreement | None) -> tuple[str, int]:
