@@ -217,7 +217,12 @@ class GpuSharing:
                 peak = max(peaks) if peaks else None
                 return GpuShare(g.devices, len(seats), need, g.memory_bytes, g.headroom, peak)
             if not waiting:
-                log.info("Waiting for room on devices %s (%d bytes)", self.gpu.devices, need)
+                log.info(
+                    "Waiting for room on devices %s: this trial reserves %.2f of %.2f GiB",
+                    self.gpu.devices,
+                    need / GIB,
+                    self.gpu.memory_bytes / GIB,
+                )
                 waiting = True
             time.sleep(self.poll)
         self.ledger.leave(self.pid)
