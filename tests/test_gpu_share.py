@@ -20,7 +20,7 @@ import pytest
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
-from app.components.hardware.devices import DeviceInfo
+from app.components.hardware.devices import DeviceInfo, cap_process_memory
 from app.components.hardware.sharing import SharedGpu, shared_gpu
 from app.engine.batch.search import MemoryMeter
 from app.engine.summary import Summary
@@ -124,6 +124,16 @@ def test_a_capped_run_measures_against_its_cap_and_says_so(monkeypatch):
     line = Summary(device="cuda", device_name="H100", device_memory_bytes=card,
                    memory_limit_bytes=20 * GIB, preset="h100").device_line()  # fmt: skip
     assert line.endswith("80.0 GiB, this run capped at 20.00 GiB (shared) (preset h100)")
+
+
+def test_the_cap_holds_the_process_to_a_fraction_of_its_card(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, i: calls.append((f, i))
+    )
+    assert cap_process_memory(1, 20.0, 80 * GIB) == 20 * GIB
+    assert cap_process_memory(0, 100.0, 80 * GIB) == 80 * GIB  # never more than the card
+    assert calls == [(0.25, 1), (1.0, 0)]
 
 
 def test_a_trial_of_several_ranks_records_its_largest_ranks_peak():
