@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 REPORTER = "hydra_plugins.hydratrain_optuna_sweeper.reporter.reporter_for_job"
 CAP_KEY = "memory_limit_gib"  # gpu.memory_limit_gib: the memory a trial's process may take
 BETWEEN_TRIALS = "finishing the trials of this batch, then stopping (send it again to stop at once)"
+# At the end of the budget a worker waiting for another worker's trial looks this often at
+# most: a fleet ends with its last worker, up to one look after its last trial ended.
+END_LOOK = 0.5
 
 
 @dataclass
@@ -143,7 +146,7 @@ class Worker:
             if trials or self.stop.requested:
                 return trials
             if self.s.liveness.wait_for_running and budget.others_running():
-                time.sleep(self.s.liveness.poll_interval)
+                time.sleep(min(self.s.liveness.poll_interval, END_LOOK))
             elif not budget.promote_at_end():
                 return trials
 
