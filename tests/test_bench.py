@@ -241,8 +241,9 @@ def test_the_fleet_table_gives_ratios_to_one_worker_and_medians_over_rounds() ->
     from app.bench.fleet import fleet_table, summarize, with_ratios
 
     def run(workers: int, wall: float, span: float) -> dict:
-        by = {"None": 16} if workers == 1 else {"0": 8, "1": 8}
+        by = {"lone": 16} if workers == 1 else {"0": 8, "1": 8}
         return {"workers": workers, "trials": 16, "wall_s": wall, "span_s": span,
+                "start_s": (wall - span) / 2, "end_s": (wall - span) / 2,
                 "median_trial_s": 1.0, "trials_by_worker": by}  # fmt: skip
 
     one = summarize([run(1, 200, 190), run(1, 100, 90), run(1, 120, 110)])
@@ -252,6 +253,19 @@ def test_the_fleet_table_gives_ratios_to_one_worker_and_medians_over_rounds() ->
     assert math.isclose(arms[2]["ratio_wall"], 120 / 64)
     table = fleet_table({"arms": arms, "rounds": 3})
     assert "| 2 | 16 | 64.0 | 900 | 1.88x |" in table and "0: 8, 1: 8" in table
+    assert "| 1.00 | 3.0 | 3.0 | 0: 8, 1: 8 |" in table  # start-up and ending: medians
+
+
+def test_the_fleet_bench_counts_trials_by_worker_and_the_lone_worker_as_lone() -> None:
+    from optuna.trial import create_trial
+
+    from app.bench.fleet import _by_worker
+
+    def trial(worker: int | None):
+        return create_trial(value=1.0, user_attrs={"worker": worker})
+
+    assert _by_worker([trial(None), trial(None)]) == {"lone": 2}  # it records worker: None
+    assert _by_worker([trial(0), trial(1), trial(0)]) == {"0": 2, "1": 1}
 
 
 @pytest.mark.slow

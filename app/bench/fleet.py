@@ -9,9 +9,11 @@ double the throughput.
 
 Reported per arm: wall time of the whole command (start-up of the parent and its workers
 included), trials per hour over that wall time, trials per hour over the span of the trials
-themselves (first start to last end: the steady state a long study approaches), and the
-median trial time. Ratios are to the 1-worker arm of the same run. Arms alternate when
-`--rounds` > 1 (medians reported), so a shared machine's drift hits both alike.
+themselves (first start to last end: the steady state a long study approaches), the median
+trial time, and where the rest of the wall time goes: the seconds from the command's start to
+its first trial's start (start-up), and from its last trial's end to the command's end (the
+ending: results, report, exits). Ratios are to the 1-worker arm of the same run. Arms
+alternate when `--rounds` > 1 (medians reported), so a shared machine's drift hits both alike.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class StudyRun(TypedDict):
     trials: int  # completed
     wall_s: float  # the whole command
     span_s: float  # first trial's start to last trial's end
+    start_s: float  # the command's start to its first trial's start
+    end_s: float  # its last trial's end to the command's end
     median_trial_s: float
     trials_by_worker: dict[str, int]
 
@@ -104,6 +108,7 @@ def run_arm(workers: int, extra: list[str]) -> StudyRun:
             f"hydra.sweep.dir={tmp}/multirun", f"data.cache_dir={tmp}/cache",
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        began = time.time()  # the trials' datetimes are wall-clock times too
         started = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         wall = time.perf_counter() - started
@@ -123,6 +128,8 @@ def run_arm(workers: int, extra: list[str]) -> StudyRun:
         "trials": len(done),
         "wall_s": wall,
         "span_s": span,
+        "start_s": min(starts) - began,
+        "end_s": began + wall - max(ends),
         "median_trial_s": statistics.median(seconds),
         "trials_by_worker": _by_worker(done),
     }
@@ -131,7 +138,8 @@ def run_arm(workers: int, extra: list[str]) -> StudyRun:
 def _by_worker(trials: list[FrozenTrial]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for t in trials:
-        key = str(t.user_attrs.get("worker", "lone"))  # a lone worker records none
+        worker = t.user_attrs.get("worker")  # a lone worker records none
+        key = "lone" if worker is None else str(worker)
         counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -145,6 +153,8 @@ def summarize(runs: list[StudyRun]) -> ArmMedians:
         "trials": trials,
         "wall_s": wall,
         "span_s": span,
+        "start_s": statistics.median(r["start_s"] for r in runs),
+        "end_s": statistics.median(r["end_s"] for r in runs),
         "trials_per_hour_wall": trials * 3600 / wall,
         "trials_per_hour_span": trials * 3600 / span,
         "median_trial_s": statistics.median(r["median_trial_s"] for r in runs),
@@ -155,8 +165,8 @@ def summarize(runs: list[StudyRun]) -> ArmMedians:
 def fleet_table(report: FleetReport) -> str:
     lines = [
         "| workers | trials | wall s | trials/h (wall) | ratio | trials/h (trial span) | ratio "
-        "| median trial s | trials per worker |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| median trial s | start-up s | ending s | trials per worker |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for a in report["arms"].values():
         per = ", ".join(f"{k}: {v}" for k, v in sorted(a["trials_by_worker"].items()))
@@ -164,7 +174,7 @@ def fleet_table(report: FleetReport) -> str:
             f"| {a['workers']} | {a['trials']} | {a['wall_s']:.1f} | "
             f"{a['trials_per_hour_wall']:.0f} | {a['ratio_wall']:.2f}x | "
             f"{a['trials_per_hour_span']:.0f} | {a['ratio_span']:.2f}x | "
-            f"{a['median_trial_s']:.2f} | {per} |"
+            f"{a['median_trial_s']:.2f} | {a['start_s']:.1f} | {a['end_s']:.1f} | {per} |"
         )
     lines.append(f"\nmedians over {report['rounds']} round(s); arms alternate within a round")
     return "\n".join(lines)
