@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from app.components.hardware.devices import DeviceInfo, cap_process_memory
@@ -32,6 +33,7 @@ from hydra_plugins.hydratrain_optuna_sweeper._gpu_share import (
     Seat,
     reservation,
 )
+from hydra_plugins.hydratrain_optuna_sweeper._space import largest_point
 from tests.test_fleet import _args, _no_stray_processes, _start, _trials, _wait_for
 
 __all__ = ["_no_stray_processes"]  # the fleet tests' clean-up runs after these too
@@ -141,6 +143,20 @@ def test_a_trial_of_several_ranks_records_its_largest_ranks_peak():
     assert Summary(peak_memory_bytes=5).largest_peak_bytes == 5
 
 
+def test_the_largest_point_takes_each_numeric_parameter_at_its_largest_value():
+    space = {
+        "training.effective_batch_size": CategoricalDistribution([16, 64, 32]),
+        "training.lr": FloatDistribution(1e-4, 1e-2, log=True),
+        "data.seq_len": IntDistribution(64, 512, step=64),
+        "model.arch": CategoricalDistribution(["gpt2", "llama"]),  # left to the sampler
+    }
+    assert largest_point(space) == {
+        "training.effective_batch_size": 64,
+        "training.lr": 1e-2,
+        "data.seq_len": 512,
+    }
+
+
 def test_a_share_describes_itself_and_caps_its_trial_below_its_reservation():
     share = GpuShare("0", 3, reservation([int(2.5 * GIB)], GPU), GPU.memory_bytes, 0.1, 5)
     assert share.describe().startswith("3 trial(s) on devices 0: 2.78 of 10.00 GiB")
@@ -230,6 +246,9 @@ def test_trials_that_fit_three_to_a_gpu_run_three_at_once_on_each_and_never_four
         assert len(on_it) == 3 and max(t.user_attrs["gpu_share"]["trials"] for t in on_it) == 3
     trials = _finish(tmp_path, parent, 10, 4)
     assert [_most_at_once(trials, d) for d in ("0", "1")] == [3, 3]
+    # The first trial was the search space's largest point, measured alone.
+    assert trials[0].params == largest_point(trials[0].distributions)
+    assert trials[0].params["training.effective_batch_size"] == 64
     for t in trials[2:8]:
         share = t.user_attrs["gpu_share"]
         assert share["peak_bytes"] == int(2.5 * GIB) and share["trials"] <= 3

@@ -12,7 +12,8 @@ A trial reserves the largest peak memory the study's trials have recorded so far
 attribute peak_memory_bytes; several ranks: the largest rank's) plus the gpu preset's
 memory_headroom of it, which is the room the batch probe keeps free: trials fit on a GPU
 while their peaks add up to at most (1 - memory_headroom) of its memory. Before any trial
-is measured a trial reserves the whole GPU, so the first runs alone and is measured. The
+is measured a trial reserves the whole GPU, so the first runs alone and is measured; a new
+study's first trial is the search space's largest point (`_space.largest_point`). The
 trial's process is held to its reservation (gpu.memory_limit_gib): a trial larger than the
 bound runs out of memory in its own process, and is recovered or pruned as on a full card,
 rather than taking a neighbour's memory. The probe cache is not read: its key (the built

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeAlias, cast
+from typing import TypeAlias, TypeGuard, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import (
@@ -272,6 +272,25 @@ def ends(dist: BaseDistribution) -> list[Value]:
     if isinstance(dist, IntDistribution | FloatDistribution):
         return [dist.low, dist.high]
     raise TypeError(f"unsupported distribution {dist!r}")
+
+
+def largest_point(distributions: Mapping[str, BaseDistribution]) -> dict[str, Value]:
+    """Each numeric parameter at its largest value: the sizes that set a trial's memory (batch,
+    sequence, layers) grow with their value, so this point bounds the space's peak memory.
+    A choice among words (an architecture's name) is left to the sampler."""
+    point: dict[str, Value] = {}
+    for name, dist in distributions.items():
+        if isinstance(dist, IntDistribution | FloatDistribution):
+            point[name] = dist.high
+        elif isinstance(dist, CategoricalDistribution):
+            numbers = [c for c in dist.choices if _is_number(c)]
+            if numbers and len(numbers) == len(dist.choices):
+                point[name] = max(numbers)
+    return point
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 # fn(the sweep's config, trial) -> {key: value} to set, or None

@@ -38,7 +38,7 @@ from ._outcomes import Outcome, classify, error_attrs
 from ._results import HParamsWriter, write_results
 from ._samplers import record_oom_constraint
 from ._settings import SweepSettings
-from ._space import SearchSpace, SpaceHook, format_value, suggest
+from ._space import SearchSpace, SpaceHook, format_value, largest_point, suggest
 from ._storage import Masker, retrying
 from ._study import Budget, budget_lock, heartbeat, requeue
 
@@ -111,14 +111,19 @@ class Worker:
         )
 
     def _enqueue_initial(self) -> None:
-        """hpo.enqueue: parameter sets to try first, queued once when the study is new."""
-        if not self.s.enqueue:
+        """hpo.enqueue: parameter sets to try first, queued once when the study is new. Where
+        trials share GPUs by measured memory (hpo.trials_per_gpu=auto) and none is given, the
+        first is the search space's largest point: its peak bounds the rest."""
+        first: list[dict[str, object]] = [dict(p) for p in self.s.enqueue]
+        if not first and self.sharing is not None:
+            first = [dict(largest_point(self.plan.space.distributions))]
+        if not any(first):
             return
         with budget_lock(self.s.storage.lock_path):
             if self.study.get_trials(deepcopy=False):
                 return
-            for params in self.s.enqueue:
-                self.study.enqueue_trial(dict(params))
+            for params in first:
+                self.study.enqueue_trial(params)
 
     def _next_batch(self) -> bool:
         """Run the next batch of trials, in a seat of its GPU where trials share it; False
