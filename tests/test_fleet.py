@@ -178,6 +178,27 @@ def test_the_sweeper_starts_without_torch():
     assert done.stdout.strip() == "False", done.stderr[-2000:]
 
 
+def test_a_fleet_worker_leaves_its_heap_to_the_exit(tmp_path):
+    """The parent waits for its workers' ends: a worker ends its sweep with its objects frozen
+    out of the interpreter's last garbage collection (gc.freeze), which would otherwise walk
+    every object torch and transformers made."""
+    script = str(ROOT / "tests" / "fake_app" / "fake_train.py")
+    code = (
+        "import atexit, gc, runpy, sys; "
+        "atexit.register(lambda: print('frozen:', gc.get_freeze_count() > 0)); "
+        f"sys.argv = [{script!r}, *sys.argv[1:]]; runpy.run_path({script!r}, run_name='__main__')"
+    )
+    env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    args = ["-m", "hpo=optuna", *_args(tmp_path, 1)]
+    for worker, frozen in ((None, "False"), ("0", "True")):  # a lone worker: as before
+        if worker is not None:
+            env["HYDRATRAIN_FLEET_WORKER"] = worker
+        done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == f"frozen: {frozen}"
+
+
 def test_a_worker_killed_mid_trial_leaves_the_budget_to_the_other(tmp_path):
     # stale_after: longer than the test waits; the parent fails the trial the moment its
     # worker is gone, not when its heartbeat is overdue.
