@@ -38,6 +38,7 @@ from app.studies.batch_size import analyse as analyse_batch_study
 from app.studies.batch_size import plot as plot_batch_study
 from app.studies.batch_size import table as batch_study_table
 from app.studies.report import REPORT, Ending, StudyRecord, TrialRecord, write_report
+from app.studies.report import preload as preload_report
 
 __all__ = [
     "BATCH_STUDY_IMAGE",
@@ -70,6 +71,7 @@ __all__ = [
     "objectives",
     "one_line",
     "plot_batch_study",
+    "preload_report",
     "report_axis_of",
     "shared_gpu",
     "status_of",

@@ -178,6 +178,23 @@ def test_the_sweeper_starts_without_torch():
     assert done.stdout.strip() == "False", done.stderr[-2000:]
 
 
+def test_the_fleet_parent_loads_the_reports_imports_while_its_workers_run():
+    """The parent writes report.html when its last worker ended: what drawing it imports
+    (plotly, Optuna's plots, matplotlib) is loaded while it waits, not after."""
+    code = (
+        "import sys, threading; from hydra_plugins.hydratrain_optuna_sweeper import _fleet; "
+        "from unittest import mock; "
+        "fleet = _fleet.LocalFleet.__new__(_fleet.LocalFleet); fleet.since = None; "
+        "fleet._watch = lambda study, ticker: [t.join() for t in threading.enumerate() "
+        "if t.name == 'hpo-report-preload']; fleet._status = lambda: 0; "
+        "_fleet.TrialTicker = mock.MagicMock(); fleet.watch(None); "
+        "print(all(m in sys.modules for m in ('plotly.graph_objects', 'optuna.visualization', "
+        "'matplotlib.pyplot')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
+
+
 def test_a_fleet_worker_leaves_its_heap_to_the_exit(tmp_path):
     """The parent waits for its workers' ends: a worker ends its sweep with its objects frozen
     out of the interpreter's last garbage collection (gc.freeze), which would otherwise walk

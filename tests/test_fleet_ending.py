@@ -37,7 +37,7 @@ def test_a_worker_waiting_at_the_end_looks_again_within_end_look(monkeypatch):
         stop=SimpleNamespace(requested=False),
     )
     assert Worker._next_trials(worker) == []  # the other trial ended: nothing left
-    assert slept == [END_LOOK] * 3 and END_LOOK <= 0.5
+    assert slept == [END_LOOK] * 3 and END_LOOK <= 0.1
     liveness.poll_interval = 0.1  # a shorter poll interval still rules
     worker.plan.budget = SpentBudget(looks=1)
     slept.clear()

@@ -38,6 +38,8 @@ from typing import IO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from app.hpo import preload_report
+
 from ._errors import SweepConfigError
 from ._fleet_plan import FleetPlan, WorkerIdentity
 from ._settings import SweepSettings
@@ -46,7 +48,7 @@ from ._study import budget_lock, fail_as_stale
 
 log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-TICK = 0.2  # seconds between looks at the worker processes
+TICK = 0.05  # seconds between looks at the worker processes (a poll of each: cheap)
 
 
 class TrialTicker:
@@ -144,7 +146,9 @@ class LocalFleet:
 
     def watch(self, study: optuna.Study) -> int:
         """Watch the workers until every one ended; 0 when all ended cleanly, 128 + the signal
-        that stopped them, else 1 (after one `error:` line)."""
+        that stopped them, else 1 (after one `error:` line). Meanwhile the report's imports
+        load beside the wait, so that the report is written as soon as the last worker ends."""
+        threading.Thread(target=preload_report, name="hpo-report-preload", daemon=True).start()
         self._watch(study, TrialTicker(study, since=self.since))
         return self._status()
 

@@ -48,7 +48,7 @@ CAP_KEY = "memory_limit_gib"  # gpu.memory_limit_gib: the memory a trial's proce
 BETWEEN_TRIALS = "finishing the trials of this batch, then stopping (send it again to stop at once)"
 # At the end of the budget a worker waiting for another worker's trial looks this often at
 # most: a fleet ends with its last worker, up to one look after its last trial ended.
-END_LOOK = 0.5
+END_LOOK = 0.1  # a read of the study: cheap beside a trial
 
 
 @dataclass

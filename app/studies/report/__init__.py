@@ -19,7 +19,16 @@ if TYPE_CHECKING:
 
 REPORT = "report.html"
 
-__all__ = ["COLOURS", "REPORT", "Ending", "Line", "StudyRecord", "TrialRecord", "write_report"]
+__all__ = [
+    "COLOURS",
+    "REPORT",
+    "Ending",
+    "Line",
+    "StudyRecord",
+    "TrialRecord",
+    "preload",
+    "write_report",
+]
 
 
 def write_report(
@@ -35,3 +44,15 @@ def write_report(
     tmp.write_text(render(record, study, extra_images or {}), encoding="utf-8")
     tmp.replace(page)  # a reader never sees half a page
     return page
+
+
+def preload() -> None:
+    """Import what drawing the report takes (plotly, Optuna's plots, matplotlib: about 0.4 s),
+    for a process that waits anyway (a fleet's parent, while its workers run the study) and
+    writes the report when the wait ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+    import optuna.visualization  # noqa: F401
+    import plotly.graph_objects  # noqa: F401
