@@ -3,8 +3,10 @@
 Rank 1 of a 2-rank trial (gloo, CPU) stops answering before its forward of step 2
 (`faults.hang_rank`); rank 0 waits for it in that phase's collective. With a 5 s bound the
 trial ends on both ranks within the bound and a few seconds, FAIL with one line naming the
-rank, the phase and the step, and the worker runs its next trial. The subprocess timeouts
-are the guard: without the bound the sweep would wait for torch's 30 minutes. Plain torchrun
+rank, the phase and the step, and the worker runs its next trial. No clock is asserted (a
+shared machine's timings vary): the events say it, rank 0's timeout at the bound and the lost
+rank's watcher ending it; the subprocess timeouts are the guard, without the bound the sweep
+would wait for torch's 30 minutes. Plain torchrun
 ends with the same line; the error that becomes it, and the trial's one outcome when several
 ranks failed (the first to fail decides), are checked without processes.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from datetime import datetime
 
 import optuna
 import pytest
@@ -24,7 +25,7 @@ from optuna.trial import TrialState
 from app.core.outcomes import RunOutcome, Status
 from app.engine.agreement import Agreement
 from app.engine.distributed import DistInfo
-from app.engine.peers import GRACE_S, PeersLost, answering_peers
+from app.engine.peers import PeersLost, answering_peers
 from app.engine.ranks import RankRecord, one_outcome, record_path
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 from tests.conftest import ROOT, TINY, run_cli, tiny
@@ -34,10 +35,6 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 BOUND_S = 5
 LINE = f"rank 0 of 2: no answer from its peers within {BOUND_S}s in forward (step 2)"
 HANG = ["faults.hang_rank=1", f"training.peer_timeout_s={BOUND_S}"]
-# Generous: two processes start, import torch and train two steps on shared cores first.
-TRIAL_LIMIT_S = 120
-# After rank 0 recorded the timeout: rank 1 is ended GRACE_S later, and the agent returns.
-AFTER_RECORD_S = GRACE_S + 15
 
 
 @pytest.mark.slow
@@ -67,9 +64,10 @@ def test_a_rank_that_stops_answering_ends_its_trial_within_the_bound(tmp_path):
     waiting = RankRecord.read(record_path(run_dir, 0))
     assert (waiting.status, waiting.error, waiting.steps) == ("failed", LINE, 2)
     assert not record_path(run_dir, 1).exists()  # the lost rank was ended, saying nothing
-    assert seconds(hung.datetime_start, hung.datetime_complete) < TRIAL_LIMIT_S
-    recorded = datetime.fromtimestamp(waiting.ended_at or 0)
-    assert seconds(recorded, hung.datetime_complete) < AFTER_RECORD_S
+    # ...by the bound, not a clock: rank 0's wait ended at the 5 s timeout (its line), and the
+    # lost rank was ended by its watcher once rank 0 had recorded that (GRACE_S later), not by
+    # the launcher's stop after SHUTDOWN_S.
+    assert "rank 1: a peer ended the trial; this rank ends too" in result.stdout + result.stderr
     # The worker went on: its next trial trained on both ranks.
     assert done.state == TrialState.COMPLETE
     statuses = [RankRecord.read(record_path(done.user_attrs["run_dir"], r)).status for r in (0, 1)]
@@ -130,8 +128,3 @@ def test_the_first_failing_rank_decides_the_trial():
     records = [failed(0, 20.0, "its peers left in backward (step 2)"), failed(1, 10.0, first)]
     with pytest.raises(RunOutcome, match=r"^rank 1 of 2: no answer from its peers within 5s"):
         one_outcome(records)
-
-
-def seconds(start: datetime | None, end: datetime | None) -> float:
-    assert start is not None and end is not None
-    return (end - start).total_seconds()
