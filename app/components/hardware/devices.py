@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from app.components.hardware.config import GpuConfig
+from app.components.hardware.memory import nvml_name_and_memory
 from app.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -71,19 +72,6 @@ def match_preset(device_name: str, presets: dict[str, GpuConfig]) -> GpuConfig |
     return best
 
 
-def _nvml_name_and_memory(index: int) -> tuple[str, int] | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        name = pynvml.nvmlDeviceGetName(handle)
-        total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-        return (name.decode() if isinstance(name, bytes) else name), int(total)
-    except Exception:  # no driver, no NVML library, MIG slice: torch still answers
-        return None
-
-
 def _local_cuda_index() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
@@ -107,7 +95,7 @@ def detect_device(gpu: GpuConfig) -> DeviceInfo:
 def _detect_cuda(gpu: GpuConfig) -> DeviceInfo:
     index = _local_cuda_index()
     torch.cuda.set_device(index)
-    nvml = _nvml_name_and_memory(index)
+    nvml = nvml_name_and_memory(index)
     name = nvml[0] if nvml else torch.cuda.get_device_name(index)
     _, usable = torch.cuda.mem_get_info(index)
     total = torch.cuda.get_device_properties(index).total_memory

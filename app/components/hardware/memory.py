@@ -29,3 +29,22 @@ def cuda_device_count_without_context() -> int:
         return int(pynvml.nvmlDeviceGetCount())
     except Exception:
         return 0
+
+
+def nvml_name_and_memory(device: int | str) -> tuple[str, int] | None:
+    """The name and total memory of a GPU from NVML: an index, or a CUDA_VISIBLE_DEVICES entry
+    (an index or a UUID). None without a driver, NVML or such a device (a MIG slice: torch
+    still answers)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        if isinstance(device, str) and not device.isdigit():
+            handle = pynvml.nvmlDeviceGetHandleByUUID(device)
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(device))
+        name = pynvml.nvmlDeviceGetName(handle)
+        total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+        return (name.decode() if isinstance(name, bytes) else name), int(total)
+    except Exception:
+        return None

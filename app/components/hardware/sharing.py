@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.components.hardware.config import GpuConfig
+from app.components.hardware.memory import nvml_name_and_memory
 from app.core.errors import ConfigError
 
 GIB = 2**30
@@ -63,21 +64,3 @@ def _headroom(gpu: Mapping[str, object], card: str) -> float:
             return float(preset.memory_headroom)
     value = gpu.get("memory_headroom", default.memory_headroom)
     return float(value) if isinstance(value, int | float) else default.memory_headroom
-
-
-def nvml_name_and_memory(entry: str) -> tuple[str, int] | None:
-    """The name and total memory of the GPU a CUDA_VISIBLE_DEVICES entry names (an index or
-    a UUID), from NVML; None without a driver, NVML or such a device."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        if entry.isdigit():
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(entry))
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(entry)
-        name = pynvml.nvmlDeviceGetName(handle)
-        total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-        return (name.decode() if isinstance(name, bytes) else name), int(total)
-    except Exception:
-        return None
