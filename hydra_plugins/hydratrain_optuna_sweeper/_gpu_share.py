@@ -23,7 +23,6 @@ model, the device) is known only inside the trial.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import math
@@ -42,6 +41,7 @@ from app.hpo import ConfigError, SharedGpu, shared_gpu
 
 from ._errors import SweepConfigError
 from ._fleet_plan import DEVICES_ENV, FleetAsk, FleetPlan, fleet_worker
+from ._study import budget_lock
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -147,16 +147,13 @@ class Ledger:
     def _locked(self) -> Iterator[Book]:
         """The live seats, under the lock; what the body leaves in them is written back."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                book = self._read()
-                book.seats[:] = [s for s in book.seats if self._alive(s)]
-                book.waiting[:] = [s for s in book.waiting if self._alive(s)]
-                yield book
+        with budget_lock(str(self.path.with_suffix(".lock"))):
+            read = self._read()
+            book = Book([s for s in read.seats if self._alive(s)],
+                        [s for s in read.waiting if self._alive(s)])  # fmt: skip
+            yield book
+            if book != read:  # a worker waiting for room looks often, and mostly changes nothing
                 self._write(book)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _read(self) -> Book:
         try:
