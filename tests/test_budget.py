@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+from pathlib import Path
 
 import optuna
 import pytest
@@ -283,20 +285,60 @@ def test_every_shipped_study_that_searches_the_batch_has_a_budget_in_data(name):
         assert budget.unit == "samples", name
 
 
-def test_a_study_searching_the_batch_with_a_step_budget_says_so_once(tmp_path):
+def _default_study(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, list]:
+    """`-m hpo=optuna` as shipped (its space, sampler, pruner, data budget) on the tiny model,
+    its first two trials at batch 16 and 64, every trial run to its end."""
     from tests.conftest import run_cli
 
-    fixed = tiny(tmp_path, "training.max_steps=2", "training.eval_every=2")
+    budget_keys = ("training.max_steps", "training.eval_every", "training.warmup_steps")
+    fixed = [
+        o
+        for o in tiny(tmp_path, "training.micro_batch_size=auto")
+        if not o.startswith(("training.effective_batch_size", *budget_keys))
+    ]
+    journal = tmp_path / "study.journal"
     proc = run_cli(
         "-m",
-        "hpo=optuna",  # its default space searches the effective batch
-        *(o for o in fixed if not o.startswith("training.effective_batch_size")),
-        "hpo.n_trials=1",
-        f"hpo.storage={tmp_path / 'study.journal'}",
+        "hpo=optuna",
+        *fixed,
+        # 300 steps of 16: a smaller default data budget for the test, the same mechanism
+        "training.reference_batch=16",
+        "hpo.enqueue=[{training.effective_batch_size:16},{training.effective_batch_size:64}]",
+        "hpo.n_trials=2",
+        "hpo.pruner=none",
+        f"hpo.storage={journal}",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *extra,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (proc.stdout + proc.stderr).count("larger batches see more data") == 1
+    backend = optuna.storages.journal.JournalFileBackend(str(journal))
+    storage = optuna.storages.JournalStorage(backend)
+    trials = optuna.load_study(study_name=None, storage=storage).get_trials()
+    return proc, sorted(trials, key=lambda t: t.params["training.effective_batch_size"])
+
+
+def test_the_default_study_trains_batches_16_and_64_on_the_same_data_and_judges_them_there(
+    tmp_path,
+):
+    proc, (small, large) = _default_study(tmp_path)
+    assert [t.params["training.effective_batch_size"] for t in (small, large)] == [16, 64]
+    # the same samples seen: 300 steps of 16, and 75 of 64
+    assert small.user_attrs["samples_seen"] == large.user_attrs["samples_seen"] == 4800
+    # judged at the same points of the data (tokens: the tiny corpus packs 32-token blocks)
+    assert list(small.intermediate_values) == list(large.intermediate_values)
+    assert list(small.intermediate_values)[-1] == 4800 * 32
+    out = proc.stdout + proc.stderr
+    assert "every batch size is compared at equal data" in out
+    assert "compared at equal steps" not in out and "WARNING" not in out
+
+
+def test_a_step_budget_on_the_study_command_replaces_the_data_budget_and_says_so(tmp_path):
+    proc, (small, large) = _default_study(tmp_path, "training.max_steps=20")
+    assert (small.user_attrs["samples_seen"], large.user_attrs["samples_seen"]) == (320, 1280)
+    assert list(small.intermediate_values)[-1] == list(large.intermediate_values)[-1] == 20
+    first = next(line for line in proc.stdout.splitlines() if "] Study " in line)
+    assert "trials are compared at equal steps" in first
+    assert "a larger training.effective_batch_size has seen more data" in first
 
 
 def test_every_pruner_places_its_rungs_on_the_data_axis():

@@ -326,6 +326,43 @@ def test_every_sampler_builds(name):
     assert isinstance(_build(name), optuna.samplers.BaseSampler)
 
 
+def test_every_argument_of_the_installed_sampler_is_reachable_through_sampler_args():
+    """Read from the installed Optuna's signature, not a copied table: constant_liar and group
+    (TPE) and deterministic_objective (GP) are not fields of the stock configs."""
+    tpe = _build("tpe", sampler_args={"constant_liar": True, "group": True, "multivariate": True})
+    assert (tpe._constant_liar, tpe._group, tpe._multivariate) == (True, True, True)
+    if importlib.util.find_spec("torch") is not None:
+        gp = _build("gp", sampler_args={"n_startup_trials": 3})
+        assert gp._n_startup_trials == 3
+    with pytest.raises(SweepConfigError, match=r"hpo\.sampler_args\.n_startup: no such argument"):
+        _build("tpe", sampler_args={"n_startup": 3})
+
+
+def test_the_stock_sampler_node_keeps_the_stock_fields():
+    """hydra/sweeper/sampler=tpe is the stock config: univariate TPE, as that sweeper built it."""
+    from hydra_plugins.hydratrain_optuna_sweeper.config import TPESamplerConfig
+
+    node = OmegaConf.structured(TPESamplerConfig)
+    stock = StockOptions.of({"sampler": node}, stock_node=True)
+    s = read_settings(stock, None, "/tmp/sweep")
+    sampler = build_sampler(s.sampler, s.sampler_key, dict, 1, oom=False)
+    assert sampler._multivariate is False and sampler._n_startup_trials == 10
+
+
+def test_the_budget_is_in_trials_worth_unless_a_count_is_set():
+    s = _settings(n_trials=None)
+    assert (s.budget.worth, s.budget.n_trials, s.budget.key) == (20.0, None, "hpo.budget_trials")
+    assert _settings(n_trials=None, budget_trials=7.5).budget.worth == 7.5
+    counted = _settings(n_trials=5).budget  # a count, as written: budget_trials does not apply
+    assert (counted.n_trials, counted.worth, counted.key) == (5, None, "hpo.n_trials")
+    stock = StockOptions.of({"n_trials": 3}, stock_node=False).values
+    per_run = _settings(StockOptions(False, stock)).budget
+    assert (per_run.n_trials, per_run.per_run, per_run.worth) == (3, True, None)
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(SweepConfigError, match="hpo.budget_trials="):
+            _settings(n_trials=None, budget_trials=bad)
+
+
 def test_motpe_is_one_line_saying_it_was_removed():
     with pytest.raises(SweepConfigError, match="motpe: The 'motpe' sampler was removed"):
         _build("motpe")

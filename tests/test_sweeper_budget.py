@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper._settings import Liveness
@@ -71,3 +72,54 @@ def test_on_a_database_a_surplus_trial_is_failed_and_never_counted(tmp_path):
     assert len(kept) == N_TRIALS and all(t.state == TrialState.COMPLETE for t in kept)
     surplus = [t for t in trials if not counted(t)]
     assert all(t.state == TrialState.FAIL and t.user_attrs["reason"] == "surplus" for t in surplus)
+
+
+# hpo.budget_trials: the budget in full trials' worth of training.
+
+
+def _prune_at(study: optuna.Study, trial: optuna.Trial, step: int) -> None:
+    trial.suggest_float("x", 0.0, 1.0)
+    trial.report(1.0, step)
+    study.tell(trial, state=TrialState.PRUNED)
+
+
+def test_trials_stopped_early_spend_their_share_and_buy_more_trials():
+    """Worth 2 full trials of a 90-sample axis: one completed trial spends 1, each trial pruned
+    at 30 spends a third, so three of them fit in the second; the fourth is never asked."""
+    from hydra_plugins.hydratrain_optuna_sweeper._cost import TrialsWorth
+
+    study = optuna.create_study()
+    worth = TrialsWorth(study, 2.0, last=90)
+    budget = StudyBudget(study, None, None, LIVE, worth=worth)
+    (first,) = budget.next_trials(1)
+    first.suggest_float("x", 0.0, 1.0)
+    study.tell(first, 1.0)
+    pruned = 0
+    while trials := budget.next_trials(1):
+        _prune_at(study, trials[0], 30)
+        pruned += 1
+    assert pruned == 3 and worth.spent() == pytest.approx(2.0)
+    assert len(study.trials) == 4
+
+
+def test_a_running_trial_counts_what_it_reported_and_a_line_counts_once():
+    from hydra_plugins.hydratrain_optuna_sweeper._asha import promotion
+    from hydra_plugins.hydratrain_optuna_sweeper._cost import trials_worth
+
+    study = optuna.create_study()
+    paused = study.ask()
+    paused.suggest_float("x", 0.0, 1.0)
+    paused.report(2.0, 30)
+    paused.set_user_attr("run_dir", "/runs/0")
+    study.tell(paused, state=TrialState.PRUNED)
+    assert trials_worth(study.get_trials(), 90) == 1 / 3
+    study.add_trial(promotion(study.trials[0]))  # its line: reports up to 30, WAITING
+    copy = study.ask()  # the promotion, resumed: it reports on, from 30
+    copy.report(1.5, 60)
+    assert trials_worth(study.get_trials(), 90) == pytest.approx(2 / 3)  # the line's furthest, not 30 + 60
+    study.tell(copy, 1.4)
+    assert trials_worth(study.get_trials(), 90) == 1.0
+    surplus = study.ask()
+    surplus.set_user_attr("reason", "surplus")
+    study.tell(surplus, state=TrialState.FAIL)
+    assert trials_worth(study.get_trials(), 90) == 1.0

@@ -125,9 +125,9 @@ def run_trainer_study(extra: list[str], name: str) -> StudyResult:
     cfg = _config(STUDY + extra)
     hpo, t = cfg.hpo, cfg.training
     micro = t.fixed_micro_batch
-    if hpo is None or t.max_steps is None or micro is None:
+    if hpo is None or hpo.n_trials is None or t.max_steps is None or micro is None:
         raise SystemExit(
-            "--hpo-peers: the study needs hpo settings, training.max_steps and a fixed "
+            "--hpo-peers: the study needs hpo.n_trials, training.max_steps and a fixed "
             "training.micro_batch_size"
         )
     pruner_args = _peer_pruner_args(name, t.eval_every, t.max_steps)

@@ -1,11 +1,13 @@
 """How long a run trains, when it warms up, logs, evaluates and checkpoints, and the learning
 rate it trains at: the `training` settings resolved for the run's effective batch, once.
 
-A run's budget is in optimizer steps (`training.max_steps`, 300 when no budget is set) or in
-data (`training.max_samples`, or `training.max_tokens` for a task whose samples are packed
-blocks). Two runs of different effective batches compare fairly only at equal data (Shallue et
-al. 2018; McCandlish et al. 2018): at equal steps the larger batch has simply seen more. So under
-a data budget every count of the schedule is data too. The step counts a config writes
+A run's budget is in optimizer steps (`training.max_steps`) or in data (`training.max_samples`,
+or `training.max_tokens` for a task whose samples are packed blocks). With none set,
+`training.default_budget` says which: 300 steps (`steps`, a single run's default), or the data
+300 steps of the reference batch see (`data`, what `hpo=optuna` sets). Two runs of different
+effective batches compare fairly only at equal data (Shallue et al. 2018; McCandlish et al.
+2018): at equal steps the larger batch has simply seen more. So under a data budget every count
+of the schedule is data too. The step counts a config writes
 (`warmup_steps`, `eval_every`, `log_every`, `checkpoint_every`, the profiler window) are read as
 steps of `training.reference_batch`: `eval_every=25` with reference batch 32 is an evaluation
 every 800 samples, i.e. every 100 steps at batch 8 and every 12.5 (the step that crosses the
@@ -30,7 +32,9 @@ from app.core.errors import ConfigError
 if TYPE_CHECKING:
     from app.config.training import ProfilerConfig, TrainingConfig
 
-DEFAULT_MAX_STEPS = 300  # training.max_steps when no budget is set
+# The budget when none is set: this many optimizer steps (training.default_budget=steps), or
+# the data this many steps of training.reference_batch see (=data).
+DEFAULT_MAX_STEPS = 300
 UNITS = ("steps", "samples", "tokens")
 
 
@@ -267,7 +271,7 @@ def _budget_setting(t: TrainingConfig, tokens_per_sample: int | None) -> tuple[s
             "training.max_tokens (the others null)"
         )
     if not given:
-        return "training.max_steps", "steps", DEFAULT_MAX_STEPS
+        return _default_budget(t, tokens_per_sample)
     name, unit, value = given[0]
     if unit == "tokens" and not tokens_per_sample:
         raise ConfigError(
@@ -275,3 +279,15 @@ def _budget_setting(t: TrainingConfig, tokens_per_sample: int | None) -> tuple[s
             "tokens is not a number of steps; use training.max_samples or training.max_steps"
         )
     return name, unit, int(value)
+
+
+def _default_budget(t: TrainingConfig, tokens_per_sample: int | None) -> tuple[str, str, int]:
+    """training.default_budget, when no budget is set: DEFAULT_MAX_STEPS steps, or the data
+    that many steps of the reference batch see (tokens for packed blocks, else samples)."""
+    setting = f"training.default_budget={t.default_budget}"
+    if t.default_budget == "steps":
+        return setting, "steps", DEFAULT_MAX_STEPS
+    samples = DEFAULT_MAX_STEPS * t.reference_batch
+    if tokens_per_sample:
+        return setting, "tokens", samples * tokens_per_sample
+    return setting, "samples", samples

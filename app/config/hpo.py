@@ -34,7 +34,12 @@ class HpoConfig:
     # A path: an Optuna journal file; a URL (postgresql://..., sqlite:///...): an RDB storage;
     # null: <hydra.sweep.dir>/study.journal. `${oc.env:VAR}` keeps a password out of files.
     storage: str | None = None
-    n_trials: int = 20  # study-wide total: a rerun continues toward it
+    # The study's budget, study-wide (a rerun continues toward it). budget_trials: training
+    # worth this many full trials: a trial stopped early spends only the data it trained on,
+    # so what the pruner saves buys more trials (hpo._study.TrialsWorth counts it). n_trials,
+    # when set: a count of trials instead (budget_trials then does not apply).
+    budget_trials: float = 20.0
+    n_trials: int | None = None
     # minimize | maximize, or one per metric; null: each metric's own (loss down, tokens/s up)
     direction: Any = None
     metric: Any = "final_val_loss"  # summary.json key(s) the study optimizes

@@ -24,6 +24,7 @@ SCHEDULES = ("cosine", "linear", "constant")
 FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
 PARALLELISMS = ("ddp", "fsdp")
 LR_SCALINGS = ("none", "sqrt", "linear")  # app/config/budget.py applies them
+DEFAULT_BUDGETS = ("steps", "data")  # app/config/budget.py resolves them
 
 
 def _optimizers() -> tuple[str, ...]:
@@ -96,13 +97,19 @@ class TrainingConfig:
     effective_batch_size: int = positive_int(32)  # samples per optimizer step, all ranks
     # auto (probed on the device, cached per shape) | an int that fixes it
     micro_batch_size: Any = "auto"
-    # The run's budget, one of three (app/config/budget.py): optimizer steps (null: 300 when
-    # neither data budget is set), samples, or tokens (tasks of packed blocks). Under a data
+    # The run's budget, one of three (app/config/budget.py): optimizer steps, samples, or
+    # tokens (tasks of packed blocks); none set: default_budget below. Under a data
     # budget the steps follow from the effective batch, and the step counts below are steps of
     # reference_batch, so runs of any batch warm up, evaluate and checkpoint at equal data.
     max_steps: int | None = positive_int(None, nullable=True)
     max_samples: int | None = positive_int(None, nullable=True)
     max_tokens: int | None = positive_int(None, nullable=True)
+    # The budget when none of the three is set: steps, 300 optimizer steps; data, the data
+    # 300 steps of reference_batch see, in tokens where the task packs its
+    # samples into blocks and in samples where it pads them, so runs of every batch size see
+    # the same data. hpo=optuna sets data: its trials are compared at equal data unless a
+    # budget above is set (a command line's, an experiment's or a sweep file's).
+    default_budget: str = one_of("steps", DEFAULT_BUDGETS)
     # The batch that training.lr and the step counts of a data budget are written for.
     reference_batch: int = positive_int(32)
     # none | sqrt | linear: training.lr is the LR at reference_batch, scaled to the run's batch.

@@ -1,5 +1,13 @@
-"""What a study spends: device-seconds (train + eval time x devices, the summary's
-`device_seconds`), recorded per trial as a user attribute.
+"""What a study spends: training in full trials' worth, and device-seconds (train + eval time x
+devices, the summary's `device_seconds`), recorded per trial as a user attribute.
+
+- `hpo.budget_trials` (the default budget) counts training on the trials' report axis: each
+  line of trials (a configuration, however many trials ran it) has spent its furthest report
+  over a whole trial's (the axis's end: the data budget, or max_steps), a completed line one.
+  A trial stopped at a third of its data spent a third of a trial, so what the pruner saves
+  buys more trials, as ASHA and Hyperband mean it to; the figure is the same on any machine.
+  Running trials count what they reported so far; checked, as the cap below, before each
+  trial is handed out.
 
 - `hpo.budget_s` caps the whole study: before each trial is handed out, the workers (whatever
   their number, on one storage) add up what the finished trials recorded; at the cap no trial
@@ -16,13 +24,15 @@ import logging
 from collections.abc import Iterable
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from ._lineage import root
 
 log = logging.getLogger(__name__)
 
 COST = "device_seconds"  # the summary key, user attr and objective name
+BUDGET_TRIALS = "hpo:budget_trials"  # study user attr: hpo.budget_trials, for the report
+NOT_RUN = ("surplus", "duplicate")  # reasons of trials the sweeper told without running them
 
 
 def recorded(t: FrozenTrial) -> float:
@@ -54,6 +64,50 @@ class CostCap:
             )
             self._said = True
         return True
+
+
+class TrialsWorth:
+    """hpo.budget_trials: the training a study may spend, in full trials' worth, shared by its
+    workers. `reports`: the study that takes the trials' reports (the study, or its pruning
+    companion); `last`: a whole trial's end on the report axis (None: another app's job with
+    no known end, whose finished trials then count one each)."""
+
+    def __init__(self, reports: optuna.Study, budget: float, last: int | None) -> None:
+        self.reports = reports
+        self.budget = budget
+        self.last = last
+
+    def spent(self) -> float:
+        return trials_worth(self.reports.get_trials(deepcopy=False), self.last)
+
+    def left(self) -> bool:
+        return self.spent() < self.budget - 1e-9  # three thirds are one, not 0.999...
+
+
+def record_budget(study: optuna.Study, worth: float) -> None:
+    """Recorded on the study, for its report (how the budget was spent)."""
+    if study.user_attrs.get(BUDGET_TRIALS) != worth:
+        study.set_user_attr(BUDGET_TRIALS, worth)
+
+
+def trials_worth(trials: Iterable[FrozenTrial], last: int | None) -> float:
+    """Full trials' worth of training: each line's furthest progress, summed."""
+    lines: dict[int, float] = {}
+    for t in trials:
+        line = root(t)
+        lines[line] = max(lines.get(line, 0.0), _progress(t, last))
+    return sum(lines.values())
+
+
+def _progress(t: FrozenTrial, last: int | None) -> float:
+    if t.state == TrialState.COMPLETE:
+        return 1.0
+    if t.user_attrs.get("reason") in NOT_RUN:  # told at once, never trained
+        return 0.0
+    if last is None:
+        return 1.0 if t.state.is_finished() else 0.0
+    step = t.last_step
+    return 0.0 if step is None else min(1.0, step / last)
 
 
 def line_cost(study: optuna.Study, trial: FrozenTrial, own: float) -> float:

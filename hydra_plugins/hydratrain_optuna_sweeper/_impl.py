@@ -11,6 +11,7 @@ setting ends in one `error:` line and exit status 2 with the storage byte for by
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import sys
@@ -29,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from ._asha import AshaPruner, Promoter
 from ._checks import check_objectives, check_space
 from ._companion import Judge, open_companion
-from ._cost import CostCap
+from ._cost import CostCap, TrialsWorth, record_budget
 from ._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
 from ._fleet_jobs import FleetJob, worker_config
 from ._fleet_plan import FleetPlan, fleet_worker, seeded_for_worker
@@ -141,29 +142,28 @@ class OptunaSweeperImpl(Sweeper):
         check_objectives(job_cfg, s)
         sampler = _sampler(s, space)
         schedule = EvalSchedule.of(job_cfg)
-        _warn_unequal_data(space, schedule)
         _check_batch_study(s, schedule)
         pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions), schedule)
         judged_by = build_pruner(s.pruner, s.pruner_args, 1, schedule)  # the report metric's
+        log.info(
+            "Study %s in %s: %s, sampler %s, pruner %s%s",
+            s.study_name or "(a new one)",
+            self.mask(s.storage.text),
+            _budget_text(s, schedule),
+            type(unwrapped(sampler)).__name__,
+            type(judged_by if _has_companion(s) else pruner).__name__,
+            _axis_text(schedule, space),
+        )
         study = self._open_study(s, sampler, pruner)
         if schedule is not None:
             describe(study, s.metrics, schedule.unit, schedule.last)
         judge = _judge(study, s, judged_by)
         if not fleet_worker():  # the fleet's parent wrote it
             self._write_multirun_yaml(sweep_dir)
-        log.info(
-            "Study %s in %s: %s, sampler %s, pruner %s%s",
-            study.study_name,
-            self.mask(s.storage.text),
-            _budget_text(s),
-            type(unwrapped(sampler)).__name__,
-            type(judged_by if judge.companion is not None else pruner).__name__,
-            _axis_text(schedule),
-        )
         return Plan(
             settings=s,
             study=study,
-            budget=_budget(study, s, judge),
+            budget=_budget(study, s, judge, schedule),
             space=space,
             hook=hook,
             config=self.config,
@@ -258,22 +258,40 @@ def _sampler(s: SweepSettings, space: SearchSpace) -> optuna.samplers.BaseSample
     return sampler
 
 
+def _has_companion(s: SweepSettings) -> bool:
+    """Several objectives with a pruner: a companion study judges hpo.report_metric."""
+    return s.multi_objective and s.reports and s.pruner != "none"
+
+
 def _judge(study: optuna.Study, s: SweepSettings, pruner: optuna.pruners.BasePruner) -> Judge:
-    """Several objectives with a pruner: the companion study judges hpo.report_metric."""
-    if not (s.multi_objective and s.reports and s.pruner != "none"):
+    if not _has_companion(s):
         return Judge(study)
     assert s.report_metric is not None
     companion = open_companion(study, s.report_metric, s.report_direction, pruner)
     return Judge(study, companion)
 
 
-def _budget(study: optuna.Study, s: SweepSettings, judge: Judge) -> RunBudget | StudyBudget:
+def _budget(
+    study: optuna.Study, s: SweepSettings, judge: Judge, schedule: EvalSchedule | None
+) -> RunBudget | StudyBudget:
     pruner = judge.study.pruner
     promoter = Promoter(study, judge.study, pruner.eta) if isinstance(pruner, AshaPruner) else None
     cost = CostCap(study, s.budget_s) if s.budget_s is not None else None
-    cls = RunBudget if s.budget.per_run else StudyBudget
     b = s.budget
-    return cls(study, b.n_trials, s.storage.lock_path, s.liveness, promoter=promoter, cost=cost)
+    worth = None
+    if b.worth is not None:
+        worth = TrialsWorth(judge.study, b.worth, None if schedule is None else schedule.last)
+        record_budget(study, b.worth)
+    cls = RunBudget if b.per_run else StudyBudget
+    return cls(
+        study,
+        b.n_trials,
+        s.storage.lock_path,
+        s.liveness,
+        promoter=promoter,
+        cost=cost,
+        worth=worth,
+    )
 
 
 def _space(s: SweepSettings, arguments: list[str]) -> SearchSpace:
@@ -296,17 +314,25 @@ def _masker(config: DictConfig, s: SweepSettings) -> Masker:
 
 
 def _cap_to_grid(s: SweepSettings, size: int) -> None:
-    if size < s.budget.n_trials:
+    """As stock, at most the grid: a budget in worth is capped to the grid's count too."""
+    if s.budget.n_trials is None or size < s.budget.n_trials:
         log.info("Updating num of trials to %d due to using GridSampler.", size)
-        s.budget = type(s.budget)(size, s.budget.per_run, s.budget.key)
+        s.budget = dataclasses.replace(s.budget, n_trials=size)
 
 
-def _budget_text(s: SweepSettings) -> str:
+def _budget_text(s: SweepSettings, schedule: EvalSchedule | None) -> str:
     b = s.budget
     cap = f", at most {s.budget_s:g} device-seconds (hpo.budget_s)" if s.budget_s else ""
     if b.per_run:
         return f"{b.n_trials} more trials ({b.key}){cap}"
-    return f"{b.n_trials} trials in all ({b.key}){cap}"
+    if b.worth is None:
+        return f"{b.n_trials} trials in all ({b.key}){cap}"
+    grid = f", at most {b.n_trials} trials (the grid)" if b.n_trials is not None else ""
+    whole = f": {b.worth * schedule.last:,.0f} {schedule.unit}" if schedule is not None else ""
+    return (
+        f"{b.worth:g} trials' worth of training ({b.key}{whole}; a trial stopped early spends "
+        f"less, and buys more trials){grid}{cap}"
+    )
 
 
 def _signal_name(status: int) -> str:
@@ -318,26 +344,24 @@ def _signal_name(status: int) -> str:
         return f"status {status}"
 
 
-def _axis_text(schedule: EvalSchedule | None) -> str:
-    """Where trials report, so a user knows which unit the pruner's rungs are in."""
-    if schedule is None:
-        return ""
-    return f"; trials report every {schedule.every:,} {schedule.unit} up to {schedule.last:,}"
-
-
 BATCH_KEY = "training.effective_batch_size"
 
 
-def _warn_unequal_data(space: SearchSpace, schedule: EvalSchedule | None) -> None:
-    """A searched batch with a budget in steps: a larger batch trains on more data, and the
-    pruners judge trials at equal steps, not equal data. Said once; the study runs as asked."""
-    if schedule is not None and schedule.unit == "steps" and BATCH_KEY in space.distributions:
-        log.warning(
-            "The study searches %s with a budget in steps (training.max_steps): larger batches "
-            "see more data and are judged at equal steps; set training.max_samples (or "
-            "max_tokens) and training.max_steps=null to compare them at equal data",
-            BATCH_KEY,
-        )
+def _axis_text(schedule: EvalSchedule | None, space: SearchSpace) -> str:
+    """Where trials report, so a user knows which unit the pruner's rungs are in, and on which
+    axis trials of a searched batch size are compared: equal data, or (a budget in steps)
+    equal steps, where a larger batch has seen more data."""
+    if schedule is None:
+        return ""
+    axis = f"; trials report every {schedule.every:,} {schedule.unit} up to {schedule.last:,}"
+    if BATCH_KEY not in space.distributions:
+        return axis
+    if schedule.unit != "steps":
+        return f"{axis}: every batch size is compared at equal data"
+    return (
+        f"{axis}: trials are compared at equal steps, so a larger {BATCH_KEY} has seen more "
+        f"data (a budget in steps: training.max_steps={schedule.last})"
+    )
 
 
 def _check_batch_study(s: SweepSettings, schedule: EvalSchedule | None) -> None:

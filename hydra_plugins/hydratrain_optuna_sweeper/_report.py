@@ -31,6 +31,7 @@ from app.hpo import (
 from . import _private as private
 from ._asha import PAUSED
 from ._companion import MAIN_TRIAL
+from ._cost import BUDGET_TRIALS
 from ._lineage import root
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ def study_record(study: optuna.Study, storage: str) -> StudyRecord:
         unit=str(study.user_attrs.get(UNIT, "steps")),
         budget=int(budget) if isinstance(budget, int | float) else None,
         storage=storage,
+        budget_trials=_number(study.user_attrs.get(BUDGET_TRIALS)),
     )
     return _with_rerun_command(record)
 
@@ -169,3 +171,7 @@ def write_sweep_report(study: optuna.Study, storage: str, sweep_dir: str) -> Pat
     except Exception as e:
         log.warning("The study's report was not written: %s: %s", type(e).__name__, e)
         return None
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

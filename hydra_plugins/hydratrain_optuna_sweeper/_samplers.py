@@ -112,26 +112,42 @@ def reduction_factor(args: Mapping[str, object]) -> int:
 def sampler_node(
     stock_sampler: object, sampler: str, args: Mapping[str, object], seed: int | None
 ) -> DictConfig:
-    """The sampler's config node: hydra.sweeper.sampler when set, else hpo.sampler with
-    hpo.sampler_args (`args`) as its fields and hpo.seed as its seed."""
+    """The sampler's config node: hydra.sweeper.sampler when set (the stock config, its fields
+    and defaults), else hpo.sampler with hpo.sampler_args (`args`) as its arguments, checked
+    against the installed Optuna's signature of that sampler (every argument it takes,
+    nothing copied), and hpo.seed as its seed."""
     if stock_sampler is not None:
         return OmegaConf.create(_plain(stock_sampler))
     name = ALIASES.get(sampler, sampler)
     if name not in SAMPLERS:
         allowed = ", ".join(sorted(n for n in SAMPLERS if n != "motpe"))
         raise SweepConfigError(f"hpo.sampler={sampler!r} is not allowed; choose one of: {allowed}")
-    node = OmegaConf.structured(SAMPLERS[name])
-    fields = {f.name for f in dataclasses.fields(SAMPLERS[name])}
-    for key, value in args.items():
-        if key not in fields or key.startswith("_"):
-            known = ", ".join(sorted(f for f in fields if not f.startswith("_")))
+    target = _target_of(name)
+    if target.endswith("raise_motpe_removed"):  # said when the sampler is built
+        return OmegaConf.structured(SAMPLERS[name])
+    params = _arguments(_sampler_class(target, "hpo.sampler"))
+    for key in args:
+        if key not in params or key == "search_space":  # the grid's: the sweep's space
+            known = ", ".join(p for p in params if p != "search_space")
             raise SweepConfigError(
-                f"hpo.sampler_args.{key}: no such field of the {name} sampler; known: {known}"
+                f"hpo.sampler_args.{key}: no such argument of {target.rsplit('.', 1)[-1]} in "
+                f"Optuna {optuna.__version__}; its arguments: {known}"
             )
-        node[key] = value
-    if "seed" in fields and "seed" not in args:
-        node.seed = seed
-    return node
+    node: dict[str, object] = {"_target_": target, **args}
+    if "seed" in params and "seed" not in args:
+        node["seed"] = seed
+    return OmegaConf.create(node)
+
+
+def _target_of(name: str) -> str:
+    """The class path of a sampler of the `hydra/sweeper/sampler` group."""
+    return str(next(f.default for f in dataclasses.fields(SAMPLERS[name]) if f.name == "_target_"))
+
+
+def _arguments(cls: type) -> list[str]:
+    """The keyword arguments a sampler class takes."""
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [n for n, p in _parameters(cls).items() if n != "self" and p.kind in kinds]
 
 
 def build_sampler(

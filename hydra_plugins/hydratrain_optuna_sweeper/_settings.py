@@ -74,11 +74,15 @@ class StockOptions:
 
 @dataclass(frozen=True)
 class TrialCount:
-    """The n_trials setting: how many, and of what (`_study.Budget` hands them out)."""
+    """The study's budget (`_study.Budget` hands out its trials): `n_trials` trials (stock:
+    this many more per run; ours: a study-wide total), and/or `worth` full trials' worth of
+    training (hpo.budget_trials, study-wide), so trials stopped early buy more trials. `key`:
+    the setting in charge, as the study's first line names it."""
 
-    n_trials: int
-    per_run: bool  # stock: this many more trials per run; ours: a study-wide total
+    n_trials: int | None
+    per_run: bool
     key: str
+    worth: float | None = None
 
 
 @dataclass(frozen=True)
@@ -177,7 +181,6 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
 
     hpo = read_hpo(hpo_node)
     h = hpo or typed_hpo({})  # the defaults, normalized as a node would be
-    n_trials, n_trials_key = stock.pick("n_trials", h.n_trials)
     direction, direction_key = stock.pick("direction", h.direction)
     space_fn, space_fn_key = stock.pick("custom_search_space", h.search_space_fn)
     metrics = _metrics(h.metric) if hpo else None
@@ -186,9 +189,7 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
     s = SweepSettings(
         study_name=_study_name(stock, h),
         storage=_storage(stock, h, sweep_dir),
-        budget=TrialCount(
-            _count(n_trials, n_trials_key), stock.get("n_trials") is not None, n_trials_key
-        ),
+        budget=_trial_budget(stock, h),
         n_jobs=_count(1 if n_jobs is None else n_jobs, "hydra.sweeper.n_jobs"),
         directions=_directions(direction, direction_key, metrics),
         direction_key=direction_key,
@@ -217,6 +218,22 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
     )
     check(s)
     return s
+
+
+def _trial_budget(stock: StockOptions, h: HpoConfig) -> TrialCount:
+    """hydra.sweeper.n_trials (more per run), else hpo.n_trials (a study-wide count) where
+    set, else hpo.budget_trials (study-wide, in full trials' worth)."""
+    n_trials, key = stock.pick("n_trials", h.n_trials)
+    if n_trials is not None:
+        return TrialCount(_count(n_trials, key), stock.get("n_trials") is not None, key)
+    worth = h.budget_trials
+    number = isinstance(worth, int | float) and not isinstance(worth, bool)
+    if not (number and worth > 0 and math.isfinite(worth)):
+        raise SweepConfigError(
+            f"hpo.budget_trials={worth!r} must be a positive number of full trials' worth "
+            "(or set hpo.n_trials to count trials instead)"
+        )
+    return TrialCount(None, False, "hpo.budget_trials", worth=float(worth))
 
 
 def _fleet_ask(h: HpoConfig) -> FleetAsk:

@@ -1,9 +1,12 @@
 """The shared study: the trial budget, heartbeats, stale trials and re-queued trials.
 
-Budget. The stock `n_trials` is this many more trials per run (`RunBudget`). Our `hpo.n_trials`
-counts every trial of the study (any state, running included) except those marked
-`hpo:uncounted`: a stale or preempted trial that was re-queued (its retry counts instead) and a
-surplus trial (below). So a finished study holds exactly n_trials counted trials.
+Budget. The stock `n_trials` is this many more trials per run (`RunBudget`). Ours are
+study-wide (`StudyBudget`): `hpo.budget_trials` (the default) hands out trials until the study
+has trained that many full trials' worth (`_cost.TrialsWorth`: a trial pruned at a third of
+its data spent a third), and `hpo.n_trials`, where set, counts every trial of the study (any
+state, running included) except those marked `hpo:uncounted`: a stale or preempted trial that
+was re-queued (its retry counts instead) and a surplus trial (below). So a finished study holds
+exactly n_trials counted trials.
 
 Race safety (`StudyBudget`). A worker reserves a slot by asking for a trial and then
 re-checking how many counted trials have a *lower* number; at n_trials or more the new trial
@@ -31,7 +34,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from . import _private as private
 from ._asha import Promoter
-from ._cost import CostCap
+from ._cost import CostCap, TrialsWorth
 from ._lineage import UNCOUNTED, copy_attrs, promoted
 from ._settings import Liveness
 from ._storage import retrying
@@ -72,17 +75,20 @@ def uncount(study: optuna.Study, trial: Trial | FrozenTrial) -> None:
 class Budget(abc.ABC):
     """Hands out trials in batches; subclasses say how many. `promoter` (hpo.pruner=asha)
     queues a paused trial that qualifies before a new one is asked for; `cost` (hpo.budget_s)
-    ends the study once its trials spent that many device-seconds."""
+    ends the study once its trials spent that many device-seconds; `worth`
+    (hpo.budget_trials) once they trained that many full trials' worth. `n_trials` None: no
+    count of trials (a budget in worth)."""
 
     def __init__(
         self,
         study: optuna.Study,
-        n_trials: int,
+        n_trials: int | None,
         lock_path: str | None,
         live: Liveness,
         *,
         promoter: Promoter | None = None,
         cost: CostCap | None = None,
+        worth: TrialsWorth | None = None,
     ) -> None:
         self.study = study
         self.n_trials = n_trials
@@ -90,6 +96,7 @@ class Budget(abc.ABC):
         self.live = live
         self.promoter = promoter
         self.cost = cost
+        self.worth = worth
         self.mine: set[int] = set()  # trial ids this worker is running
 
     def next_trials(self, k: int) -> list[Trial]:
@@ -156,15 +163,30 @@ class Budget(abc.ABC):
     def others_running(self) -> bool:
         return False
 
+    def _spent(self, trials: list[FrozenTrial]) -> bool:
+        """The budget holds no new trial (trials already queued still run)."""
+        if self._waiting(trials):
+            return False
+        if self.worth is not None and not self.worth.left():
+            return True
+        return self.n_trials is not None and self._used(trials) >= self.n_trials
+
+    def _used(self, trials: list[FrozenTrial]) -> int:
+        """Trials that took a slot of n_trials."""
+        return count_toward_budget(trials)
+
 
 class RunBudget(Budget):
     """The stock `n_trials`: this many more trials in this run, whatever the study holds."""
 
     started = 0
 
+    def _used(self, trials: list[FrozenTrial]) -> int:
+        return self.started
+
     def _ask(self) -> Trial | None:
         copies = [t for t in self.study.get_trials(deepcopy=False) if not counted(t)]
-        if self.started >= self.n_trials and not self._waiting(copies):
+        if self._spent(copies):
             return None
         trial = self._new_trial()
         self.started += self._counts(trial)
@@ -177,11 +199,10 @@ class RunBudget(Budget):
 
 
 class StudyBudget(Budget):
-    """`hpo.n_trials`: a study-wide total of counted trials, shared by every worker."""
+    """`hpo.budget_trials` or `hpo.n_trials`: study-wide, shared by every worker."""
 
     def _ask(self) -> Trial | None:
-        trials = self.study.get_trials(deepcopy=False)
-        if count_toward_budget(trials) >= self.n_trials and not self._waiting(trials):
+        if self._spent(self.study.get_trials(deepcopy=False)):
             return None
         trial = self._new_trial()
         if self._counts(trial) and self._is_surplus(trial.number):
@@ -190,6 +211,8 @@ class StudyBudget(Budget):
         return trial
 
     def _is_surplus(self, number: int) -> bool:
+        if self.n_trials is None:  # a budget in worth: the check before the ask decides
+            return False
         trials = self.study.get_trials(deepcopy=False)
         below = sum(1 for t in trials if t.number < number and counted(t))
         return below >= self.n_trials

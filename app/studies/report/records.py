@@ -100,6 +100,16 @@ class Line:
         """Where the line was paused (each a point on its curve)."""
         return [r for t in self.trials if t.ending == "paused" and (r := t.reached) is not None]
 
+    def worth(self, budget: int | None) -> float:
+        """The training this line spent, in full trials: its furthest report over `budget`
+        (one when it completed), as hpo.budget_trials counts it."""
+        if any(t.state == "COMPLETE" for t in self.trials):
+            return 1.0
+        reached = [r for t in self.trials if (r := t.reached) is not None]
+        if budget is None:
+            return 1.0
+        return min(1.0, max(reached) / budget) if reached else 0.0
+
     @property
     def label(self) -> str:
         if len(self.trials) == 1:
@@ -118,6 +128,7 @@ class StudyRecord:
     unit: str = "steps"  # what the trials' reports are counted in
     budget: int | None = None  # where a trial that is never pruned stops, on that axis
     storage: str = ""  # shown with any password masked
+    budget_trials: float | None = None  # hpo.budget_trials, where the study was budgeted so
 
     @property
     def ran(self) -> list[TrialRecord]:

@@ -114,7 +114,24 @@ def cost_table(record: StudyRecord) -> str:
     ]
     if spent + s.seconds_saved > 0:
         rows.append(("saved, of what running all to the end costs", _percent(s, spent)))
-    return table(("", ""), rows)
+    return table(("", ""), [*_budget_rows(record), *rows])
+
+
+FINISHED = ("complete", "promoted")  # line endings that reached the budget
+
+
+def _budget_rows(record: StudyRecord) -> list[tuple[str, object]]:
+    """How hpo.budget_trials was spent: the trials it bought with what pruning saved."""
+    if record.budget_trials is None:
+        return []
+    lines = record.lines()
+    worth = sum(line.worth(record.full_budget()) for line in lines)
+    return [
+        ("budget: full trials' worth of training (hpo.budget_trials)", record.budget_trials),
+        ("spent: full trials' worth", round(worth, 2)),
+        ("configurations it bought (lines of trials)", len(lines)),
+        ("of them trained to the end", sum(line.ending in FINISHED for line in lines)),
+    ]
 
 
 def _percent(s: Savings, spent: float) -> str:
