@@ -20,6 +20,9 @@ from app.bench.micro import adamw_step_times, adamw_table, measure_startup, star
 from app.bench.parallel import parallel_table, run_parallel_bench
 from app.bench.profiles import CONTENDERS, PROFILES
 from app.bench.report import ablation_table, benchmark_table, machine_info
+from app.bench.sampler_choice import ARMS as SAMPLER_ARMS
+from app.bench.sampler_choice import STUDIES as SAMPLER_STUDIES
+from app.bench.sampler_choice import run_sampler_choice, sampler_choice_table
 from app.bench.schedule import run_ablations, run_benchmark
 from app.bench.study_report import report_bench_table, run_report_bench
 from app.bench.workers import worker_main
@@ -64,6 +67,14 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         samplers = args.samplers.split(",")
         studies = run_peers_bench(args.overrides, peers, samplers)
         return {"machine": machine_info(), **studies}, peers_tables(studies)
+    if args.sampler_choice:
+        arms = args.arms.split(",") if args.arms else list(SAMPLER_ARMS)
+        studies = args.studies.split(",") if args.studies else list(SAMPLER_STUDIES)
+        seeds = [int(s) for s in args.seeds.split(",")]
+        partial = Path(f"{args.json or default_json_path(args)}.partial.jsonl")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        choice = run_sampler_choice(args.overrides, seeds, arms, studies, partial)
+        return {"machine": machine_info(), **choice}, sampler_choice_table(choice)
     if args.report:
         timed = run_report_bench(args.rounds)
         return {"machine": machine_info(), **timed}, report_bench_table(timed)
@@ -110,7 +121,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--report", action="store_true", help="time a study report of 200 trials (app.report)"
     )
-    p.add_argument("--seeds", default="0,1", help="batch-budget: comma-separated seeds")
+    p.add_argument(
+        "--sampler-choice",
+        action="store_true",
+        help="the default study and the bench's under each candidate sampler",
+    )
+    p.add_argument(
+        "--arms", help=f"sampler-choice: comma-separated subset of {','.join(SAMPLER_ARMS)}"
+    )
+    p.add_argument(
+        "--studies", help=f"sampler-choice: comma-separated subset of {','.join(SAMPLER_STUDIES)}"
+    )
+    p.add_argument(
+        "--seeds", default="0,1", help="batch-budget, sampler-choice: comma-separated seeds"
+    )
     p.add_argument("--peers", help=f"hpo-peers: comma-separated subset of {','.join(HPO_PEERS)}")
     p.add_argument(
         "--samplers",
@@ -133,6 +157,7 @@ def default_json_path(args: argparse.Namespace) -> str:
         "hpo-peers": args.hpo_peers,
         "batch-budget": args.batch_budget,
         "report": args.report,
+        "sampler-choice": args.sampler_choice,
         "ablate": args.ablate,
     }
     kind = next((k for k, on in kinds.items() if on), "bench")
