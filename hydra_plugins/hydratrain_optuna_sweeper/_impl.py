@@ -172,7 +172,7 @@ class OptunaSweeperImpl(Sweeper):
             job_storage=job_storage(s.storage, self.mask),
             mask=self.mask,
             # CmaEsSampler ignores constraints, and warns about each trial that has one.
-            constraints=s.reports
+            constraints=s.hpo_node
             and not isinstance(unwrapped(sampler), optuna.samplers.CmaEsSampler),
             judge=judge,
         )
@@ -249,7 +249,7 @@ class OptunaSweeperImpl(Sweeper):
 
 def _sampler(s: SweepSettings, space: SearchSpace) -> optuna.samplers.BaseSampler:
     sampler = build_sampler(
-        seeded_for_worker(s.sampler), s.sampler_key, space.grid, len(s.directions), s.reports
+        seeded_for_worker(s.sampler), s.sampler_key, space.grid, len(s.directions), s.hpo_node
     )
     if isinstance(sampler, optuna.samplers.GridSampler):  # as stock: at most the grid
         _cap_to_grid(s, grid_size(space.grid()))
@@ -260,7 +260,7 @@ def _sampler(s: SweepSettings, space: SearchSpace) -> optuna.samplers.BaseSample
 
 def _has_companion(s: SweepSettings) -> bool:
     """Several objectives with a pruner: a companion study judges hpo.report_metric."""
-    return s.multi_objective and s.reports and s.pruner != "none"
+    return s.multi_objective and s.hpo_node and s.pruner != "none"
 
 
 def _judge(study: optuna.Study, s: SweepSettings, pruner: optuna.pruners.BasePruner) -> Judge:

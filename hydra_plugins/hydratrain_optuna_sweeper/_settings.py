@@ -127,7 +127,10 @@ class SweepSettings:
     search_space: Mapping[str, object] | None = None
     enqueue: list[dict[str, object]] = field(default_factory=list)
     tensorboard: bool = False
-    reports: bool = False  # jobs are told their trial (there is an hpo node): pruning
+    # The job config has an hpo node: jobs are told their trial there (++hpo.*), and the
+    # settings a job can only read there (hpo.report_metric, OOM as infeasible) apply. An app
+    # without one is told its trial in its environment (reporter.TRIAL_ENV), with the defaults.
+    hpo_node: bool = False
     budget_s: float | None = None  # hpo.budget_s: device-seconds the study may spend
     batch_size_study: BatchSizeStudyConfig | None = None  # hpo.batch_size_study, as typed
     # hpo.report_metric's own direction (filled once known): the pruning companion's, for
@@ -199,7 +202,7 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
             stock_sampler, h.sampler, mapping(h.sampler_args, "hpo.sampler_args"), h.seed
         ),
         sampler_key="hpo.sampler" if stock_sampler is None else "hydra.sweeper.sampler",
-        pruner=h.pruner if hpo else "none",
+        pruner=h.pruner,
         pruner_args=mapping(h.pruner_args, "hpo.pruner_args"),
         failure=_failure_rule(stock, h),
         search_space_fn=None if space_fn is None else str(space_fn),
@@ -211,7 +214,7 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
         search_space=legacy,
         enqueue=[mapping(p, f"hpo.enqueue[{i}]") for i, p in enumerate(h.enqueue)] if hpo else [],
         tensorboard=bool(hpo and h.tensorboard),
-        reports=hpo is not None,
+        hpo_node=hpo is not None,
         budget_s=h.budget_s if hpo else None,
         batch_size_study=h.batch_size_study if hpo else None,
         fleet=_fleet_ask(h) if hpo else None,

@@ -226,19 +226,21 @@ class Worker:
 
     def _job_keys(self) -> dict[str, None]:
         keys = ("study_name", "storage", "trial_number", "reporter")
-        return {f"hpo.{k}": None for k in keys} if self.s.reports else {}
+        return {f"hpo.{k}": None for k in keys} if self.s.hpo_node else {}
 
     def _job_overrides(self, trial: Trial) -> list[str]:
-        """What a job needs to find its trial: only when there is an hpo node to put it in."""
-        if not self.s.reports:
-            return []
+        """What a job needs to find its trial: in its hpo node, or for an app without one (its
+        config stays its own) in its environment, which Hydra sets around every job
+        (`hydra.job.env_set`), in this process or any launcher's."""
         values = {
             "study_name": format_value(self.study.study_name),
             "storage": format_value(self.plan.job_storage),
             "trial_number": str(trial.number),
-            "reporter": REPORTER,
         }
-        return [f"++hpo.{k}={v}" for k, v in values.items()]
+        if not self.s.hpo_node:
+            env = reporter.TRIAL_ENV
+            return [f"++hydra.job.env_set.{env[k]}={v}" for k, v in values.items()]
+        return [f"++hpo.{k}={v}" for k, v in {**values, "reporter": REPORTER}.items()]
 
     def _tell(self, trial: Trial, outcome: Outcome) -> None:
         """Record the outcome, unless another worker failed the trial as stale meanwhile."""

@@ -2,7 +2,9 @@
 
 The sweeper names this module's `reporter_for_job` in each job's `hpo.reporter`, with the
 study, its storage and the trial number, so app/hpo.py (build_reporter) finds it without
-importing this package. When the job runs in the sweeper's own process the live trial is taken
+importing this package. An app of one's own (any `@hydra.main` app, with no hpo node) calls
+`reporter_for_job(cfg)` itself: the sweeper names its trial in the job's environment
+(`TRIAL_ENV`), and the study's pruner is the default of `hpo.pruner`. When the job runs in the sweeper's own process the live trial is taken
 from a registry; in another process it is rebuilt from the storage. Imports stay light here:
 Hydra's plugin scan imports this module.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
@@ -22,6 +25,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# Where a job of an app without an hpo node finds its trial: environment variables the sweeper
+# sets around the job (hydra.job.env_set), by the hpo setting each stands for.
+TRIAL_ENV = {
+    "study_name": "HYDRATRAIN_STUDY_NAME",
+    "storage": "HYDRATRAIN_STORAGE",
+    "trial_number": "HYDRATRAIN_TRIAL_NUMBER",
+}
 
 # (storage, study_name, trial_number) -> (the trial, the trial its reports go to: itself, or
 # its pruning companion; None: no reports), filled by the in-process sweeper.
@@ -150,13 +161,21 @@ def reporter_for_job(cfg: object) -> Reporter:
 
 
 def _hpo_of(cfg: object) -> HpoConfig:
-    """The job's hpo node as typed by the sweeper's settings (the sweep read it so already)."""
+    """The job's hpo node as typed by the sweeper's settings (the sweep read it so already);
+    for an app without one, the defaults and the trial its environment names."""
     from omegaconf import DictConfig
 
     from ._settings import typed_hpo
 
     node = cfg.get("hpo") if isinstance(cfg, DictConfig) else getattr(cfg, "hpo", None)
-    return node if isinstance(node, HpoConfig) else typed_hpo(node)
+    if isinstance(node, HpoConfig):
+        return node
+    if node is not None:
+        return typed_hpo(node)
+    named = {k: os.environ[v] for k, v in TRIAL_ENV.items() if v in os.environ}
+    if "trial_number" in named:
+        named["trial_number"] = int(named["trial_number"])  # type: ignore[assignment]
+    return typed_hpo(named)
 
 
 def _trial_from_storage(
