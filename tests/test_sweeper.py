@@ -359,7 +359,7 @@ def test_the_budget_is_in_trials_worth_unless_a_count_is_set():
     per_run = _settings(StockOptions(False, stock)).budget
     assert (per_run.n_trials, per_run.per_run, per_run.worth) == (3, True, None)
     for bad in (0, -1.0, float("inf")):
-        with pytest.raises(SweepConfigError, match="hpo.budget_trials="):
+        with pytest.raises(SweepConfigError, match=r"hpo\.budget_trials="):
             _settings(n_trials=None, budget_trials=bad)
 
 

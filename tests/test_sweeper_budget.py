@@ -116,7 +116,8 @@ def test_a_running_trial_counts_what_it_reported_and_a_line_counts_once():
     study.add_trial(promotion(study.trials[0]))  # its line: reports up to 30, WAITING
     copy = study.ask()  # the promotion, resumed: it reports on, from 30
     copy.report(1.5, 60)
-    assert trials_worth(study.get_trials(), 90) == pytest.approx(2 / 3)  # the line's furthest, not 30 + 60
+    # the line's furthest, not 30 + 60
+    assert trials_worth(study.get_trials(), 90) == pytest.approx(2 / 3)
     study.tell(copy, 1.4)
     assert trials_worth(study.get_trials(), 90) == 1.0
     surplus = study.ask()

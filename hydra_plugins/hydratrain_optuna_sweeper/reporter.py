@@ -4,9 +4,9 @@ The sweeper names this module's `reporter_for_job` in each job's `hpo.reporter`,
 study, its storage and the trial number, so app/hpo.py (build_reporter) finds it without
 importing this package. An app of one's own (any `@hydra.main` app, with no hpo node) calls
 `reporter_for_job(cfg)` itself: the sweeper names its trial in the job's environment
-(`TRIAL_ENV`), and the study's pruner is the default of `hpo.pruner`. When the job runs in the sweeper's own process the live trial is taken
-from a registry; in another process it is rebuilt from the storage. Imports stay light here:
-Hydra's plugin scan imports this module.
+(`TRIAL_ENV`), and the study's pruner is the default of `hpo.pruner`. When the job runs in
+the sweeper's own process the live trial is taken from a registry; in another process it is
+rebuilt from the storage. Imports stay light here: Hydra's plugin scan imports this module.
 """
 
 from __future__ import annotations
