@@ -130,3 +130,71 @@ def test_sigterm_to_the_sweeper_between_trials_stops_the_worker_cleanly(tmp_path
     rerun = _start(tmp_path, args)
     assert rerun.wait(timeout=60) == 0
     assert [t.state for t in _trials(tmp_path)] == [TrialState.COMPLETE] * 3
+
+
+# -- a stop is a stop, whatever happens to the trial's own save ---------------------------------
+
+
+def _train_sweep(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    from tests.conftest import tiny
+
+    cmd = [
+        sys.executable, "-m", "app.train", "-m", "hpo=optuna",
+        *tiny(tmp_path, "training.max_steps=100000", "training.eval_every=100000",
+              "training.checkpoint_every=0"),
+        "hpo.n_trials=3", "hpo.pruner=none", "hpo.study_name=t", "hpo.tensorboard=false",
+        f"hpo.storage={tmp_path}/study.journal", f"hydra.sweep.dir={tmp_path}/multirun",
+        *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_a_stop_whose_trial_cannot_save_still_stops_the_sweep(tmp_path):
+    """SIGTERM reaches a sweep whose trial's run dir is gone (a vanished scratch disk): the
+    trial's stop checkpoint fails, the trial is failed with that reason, and the sweep stops
+    there with the usual status and one line, launching no other trial."""
+    import shutil
+
+    sweep = _train_sweep(tmp_path)
+    metrics = tmp_path / "multirun" / "0" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert time.time() < deadline and sweep.poll() is None, "the trial never trained"
+        time.sleep(0.1)
+    run_dir = metrics.parent
+    shutil.rmtree(run_dir)
+    run_dir.write_text("not a directory any more")  # nothing can be written under it
+    sweep.send_signal(signal.SIGTERM)
+    try:
+        out, err = sweep.communicate(timeout=120)
+    finally:
+        sweep.kill()  # a sweep that did not stop must not outlive the test
+    assert sweep.returncode == 128 + signal.SIGTERM, err[-3000:]
+    stopped = [line for line in err.splitlines() if line.startswith("stopped:")]
+    assert len(stopped) == 1 and "SIGTERM" in stopped[0], err[-3000:]
+    (trial,) = _trials(tmp_path)  # no trial was launched after the signal
+    assert trial.state == TrialState.FAIL and trial.user_attrs["reason"] == "error"
+    assert "WriteFailed" in trial.user_attrs["error"], trial.user_attrs
+
+
+def test_a_stop_in_a_batch_launches_none_of_its_later_jobs_and_the_rerun_runs_them(tmp_path):
+    """hydra.sweeper.n_jobs=3 with the basic launcher (one job after another): SIGTERM during
+    the first job leaves the other two unlaunched, queued again with their parameters."""
+    args = _args(tmp_path, 3, "hydra.sweeper.n_jobs=3", "fake.step_sleep=0.3")
+    worker = _start(tmp_path, args)
+    _wait_for(tmp_path, _reporting(0))
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 128 + signal.SIGTERM, err[-2000:]
+    trials = _trials(tmp_path)
+    assert not (tmp_path / "multirun" / "1").exists()  # never launched
+    first, later = trials[0], [t for t in trials[1:] if counted(t)]
+    assert first.user_attrs["reason"] == "preempted"  # it took the signal itself: resumable
+    assert [t.state for t in later] == [TrialState.WAITING] * 3  # its copy and the two others
+    rerun = _start(tmp_path, args)
+    assert rerun.wait(timeout=60) == 0
+    done = [t for t in _trials(tmp_path) if t.state == TrialState.COMPLETE]
+    assert len(done) == 3

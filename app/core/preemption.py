@@ -44,11 +44,19 @@ class StopRequest:
 FINISH_STEP = "finishing this optimizer step, then a checkpoint and the summary"
 
 
+# The requests of the blocks now inside stop_on_signals, outermost first: a sweep's worker, then
+# the trial it runs in this process. A signal is a request to every one of them, so the worker
+# stops after its trial however the trial ends (a save that fails at the stop included).
+_ACTIVE: list[StopRequest] = []
+
+
 @contextlib.contextmanager
 def stop_on_signals(stop: StopRequest, then: str = FINISH_STEP) -> Iterator[StopRequest]:
     """Route SIGTERM/SIGINT into `stop` for the duration of the block, then restore the
-    previous handlers (a sweeper's, say). `then` says what happens next, in the line logged.
-    Signals can only be handled in the main thread; elsewhere the block runs unprotected."""
+    previous handlers (a sweeper's, say). A block inside another (a trial run by a sweep's
+    worker) takes the signal first; the enclosing blocks' requests are set too. `then` says what
+    happens next, in the line logged. Signals can only be handled in the main thread;
+    elsewhere the block runs unprotected."""
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
@@ -58,6 +66,8 @@ def stop_on_signals(stop: StopRequest, then: str = FINISH_STEP) -> Iterator[Stop
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
+        for request in _ACTIVE:
+            request.signum = request.signum or signum
         stop.signum = signum
         log.warning(
             "%s received: %s (send it again to stop at once)", signal.Signals(signum).name, then
@@ -66,8 +76,10 @@ def stop_on_signals(stop: StopRequest, then: str = FINISH_STEP) -> Iterator[Stop
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     for sig in SIGNALS:
         signal.signal(sig, handle)
+    _ACTIVE.append(stop)
     try:
         yield stop
     finally:
+        _ACTIVE.remove(stop)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -87,6 +87,16 @@ def from_exception(exc: BaseException) -> Outcome:
     return Outcome(TrialState.FAIL, attrs=error_attrs("error", exc), trace=trace)
 
 
+def not_started(signum: int | None) -> Outcome:
+    """A trial of the batch that a stop request reached before its job was launched: handled as
+    a preempted one (not counted, queued again with its parameters for the rerun)."""
+    signum = signum or signal.SIGTERM
+    error = f"the sweep was stopped ({signal.Signals(signum).name}) before this trial started"
+    return Outcome(
+        TrialState.FAIL, attrs={"reason": "preempted", "error": error}, preempted_by=signum
+    )
+
+
 def error_attrs(reason: str, exc: BaseException) -> dict[str, object]:
     return {"reason": reason, "error": f"{type(exc).__name__}: {exc}"[:2000]}
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
-from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig
 from optuna.trial import Trial, TrialState
@@ -34,7 +33,7 @@ from ._cost import COST, line_cost
 from ._errors import SweepAborted, first_line
 from ._fleet_plan import WorkerIdentity
 from ._gpu_share import GpuShare, gpu_sharing
-from ._outcomes import Outcome, classify, error_attrs
+from ._outcomes import Outcome, classify, error_attrs, not_started
 from ._results import HParamsWriter, write_results
 from ._samplers import record_oom_constraint
 from ._settings import SweepSettings
@@ -185,18 +184,30 @@ class Worker:
             reporter.register_live_trial(p.job_storage, self.study.study_name, trial, twin)
         try:
             with heartbeat(self.study, trials, self.s.liveness.heartbeat_interval):
-                returns: list[JobReturn] = []
-                for group in consecutive(jobs):  # job number = trial number: its run dir
+                outcomes: list[Outcome] = []
+                for group in self._launches(jobs):  # job number = trial number: its run dir
+                    if self.stop.requested:  # a stop launches nothing after it
+                        outcomes += [not_started(self.stop.signum) for _ in group]
+                        continue
                     overrides = [o for _, o in group]
-                    returns += p.launcher.launch(overrides, initial_job_idx=group[0][0].number)
-            outcomes = [classify(ret, len(self.s.directions)) for ret in returns]
-            del returns  # a failed job's traceback pins its model: drop it before the next
+                    returns = p.launcher.launch(overrides, initial_job_idx=group[0][0].number)
+                    outcomes += [classify(ret, len(self.s.directions)) for ret in returns]
+                    del returns  # a failed job's traceback pins its model: drop it now
             return outcomes
         except Exception as e:  # the launcher itself failed
             return [Outcome(TrialState.FAIL, attrs=error_attrs("error", e)) for _ in jobs]
         finally:
             for trial in trials:
                 reporter.unregister_live_trial(p.job_storage, self.study.study_name, trial.number)
+
+    def _launches(self, jobs: list[tuple[Trial, list[str]]]) -> list[list[tuple[Trial, list[str]]]]:
+        """The launches of a batch: runs of consecutive trial numbers (a launch numbers its
+        jobs so), one job each where the launcher runs them in turn anyway, so that a stop
+        request between two of them launches neither the next nor any after it."""
+        groups = consecutive(jobs)
+        if private.runs_jobs_in_turn(self.plan.launcher):
+            return [[job] for group in groups for job in group]
+        return groups
 
     def _overrides(self, trial: Trial, share: GpuShare | None = None) -> list[str]:
         p = self.plan
