@@ -169,7 +169,7 @@ def test_a_stop_whose_trial_cannot_save_still_stops_the_sweep(tmp_path):
     run_dir.write_text("not a directory any more")  # nothing can be written under it
     sweep.send_signal(signal.SIGTERM)
     try:
-        out, err = sweep.communicate(timeout=120)
+        _, err = sweep.communicate(timeout=120)
     finally:
         sweep.kill()  # a sweep that did not stop must not outlive the test
     assert sweep.returncode == 128 + signal.SIGTERM, err[-3000:]
@@ -187,7 +187,7 @@ def test_a_stop_in_a_batch_launches_none_of_its_later_jobs_and_the_rerun_runs_th
     worker = _start(tmp_path, args)
     _wait_for(tmp_path, _reporting(0))
     worker.send_signal(signal.SIGTERM)
-    out, err = worker.communicate(timeout=60)
+    _, err = worker.communicate(timeout=60)
     assert worker.returncode == 128 + signal.SIGTERM, err[-2000:]
     trials = _trials(tmp_path)
     assert not (tmp_path / "multirun" / "1").exists()  # never launched
