@@ -106,3 +106,51 @@ def test_the_trainer_study_draws_the_sweepers_configurations_under_its_own_names
             ARGUMENT["training.weight_decay"]: drawn["training.weight_decay"],
             ARGUMENT["training.warmup_steps"]: drawn["training.warmup_steps"],
         }
+
+
+# `python -m app.bench --default-study`
+
+
+def test_the_default_study_goals_follow_the_issue_with_their_figures():
+    from app.bench.default_study import goals as default_goals
+
+    none = _study(900.0, [_row(0, 1.00, 1800.0)])
+    fast = _study(700.0, [_row(0, 1.20, 1100.0), _row(1, 1.005, 1250.0), _row(2, 0.99, 1600.0)])
+    slow_peer = _study(900.0, [_row(0, 1.008, 1700.0)])
+    g = default_goals({"none": none, "default": fast, "trainer": slow_peer}, 0.995, 0.99)
+    assert g["a_pick_within_1pct_of_the_grid"]["met"]  # 0.995 <= 0.99 * 1.01
+    assert g["b_within_1pct_in_a_third_of_the_unpruned_wall"] == {
+        "reach_s": 250.0, "limit_s": 300.0, "met": True}  # fmt: skip
+    assert g["c_as_good_as_the_unpruned_study"]["met"]  # 0.99 <= 1.00
+    assert g["d_under_half_of_the_trainer"]["met"]  # 250 < 700 / 2
+    late = _study(700.0, [_row(0, 1.005, 1400.0)])
+    g = default_goals({"none": none, "default": late, "trainer": slow_peer}, 1.2, 0.99)
+    assert [goal["met"] for goal in g.values()] == [False, False, False, False]
+
+
+def test_a_trainer_trial_under_a_data_budget_trains_the_sweepers_data_at_its_batch():
+    """The same samples as the sweeper's run of that batch: its steps, warm-up and evaluation
+    interval in its own steps, the whole batch per step."""
+    from omegaconf import OmegaConf
+
+    from app.bench.hf_study import _per_trial
+    from app.config.training import TrainingConfig
+
+    params = {
+        "training.effective_batch_size": "choice(64)",
+        "training.lr": "choice(0.003)",
+        "training.warmup_steps": "choice(20)",
+    }
+    space = _space(OmegaConf.create(params))
+    trial = optuna.create_study().ask()
+    t = TrainingConfig(reference_batch=32, eval_every=50)
+    args = _per_trial(trial, space, 9600, t)
+    assert args == {
+        "learning_rate": 0.003,
+        "per_device_train_batch_size": 64,
+        "gradient_accumulation_steps": 1,
+        "max_steps": 150,  # 9,600 samples
+        "warmup_steps": 10,  # 20 steps of 32 = 640 samples
+        "eval_steps": 25,  # every 1,600 samples, as the sweeper's run evaluates
+    }
+    assert trial.params["training.effective_batch_size"] == 64  # recorded under our names

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from app.bench import __doc__ as package_doc
 from app.bench.batch_budget import batch_budget_table, run_batch_budget_bench
+from app.bench.default_study import default_study_table, run_default_study_bench
 from app.bench.fleet import fleet_table, run_fleet_bench
 from app.bench.hpo import hpo_table, run_hpo_bench
 from app.bench.hpo_peers import CONTENDERS as HPO_PEERS
@@ -67,13 +68,17 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         samplers = args.samplers.split(",")
         studies = run_peers_bench(args.overrides, peers, samplers)
         return {"machine": machine_info(), **studies}, peers_tables(studies)
+    if args.default_study:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        study = run_default_study_bench(args.overrides, seeds)
+        return {"machine": machine_info(), **study}, default_study_table(study)
     if args.sampler_choice:
         arms = args.arms.split(",") if args.arms else list(SAMPLER_ARMS)
-        studies = args.studies.split(",") if args.studies else list(SAMPLER_STUDIES)
+        kinds = args.studies.split(",") if args.studies else list(SAMPLER_STUDIES)
         seeds = [int(s) for s in args.seeds.split(",")]
         partial = Path(f"{args.json or default_json_path(args)}.partial.jsonl")
         partial.parent.mkdir(parents=True, exist_ok=True)
-        choice = run_sampler_choice(args.overrides, seeds, arms, studies, partial)
+        choice = run_sampler_choice(args.overrides, seeds, arms, kinds, partial)
         return {"machine": machine_info(), **choice}, sampler_choice_table(choice)
     if args.report:
         timed = run_report_bench(args.rounds)
@@ -122,6 +127,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--report", action="store_true", help="time a study report of 200 trials (app.report)"
     )
     p.add_argument(
+        "--default-study",
+        action="store_true",
+        help="the default study against a grid, its unpruned self and the Trainer's study",
+    )
+    p.add_argument(
         "--sampler-choice",
         action="store_true",
         help="the default study and the bench's under each candidate sampler",
@@ -133,7 +143,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--studies", help=f"sampler-choice: comma-separated subset of {','.join(SAMPLER_STUDIES)}"
     )
     p.add_argument(
-        "--seeds", default="0,1", help="batch-budget, sampler-choice: comma-separated seeds"
+        "--seeds",
+        default="0,1",
+        help="batch-budget, sampler-choice, default-study: comma-separated seeds",
     )
     p.add_argument("--peers", help=f"hpo-peers: comma-separated subset of {','.join(HPO_PEERS)}")
     p.add_argument(
@@ -158,6 +170,7 @@ def default_json_path(args: argparse.Namespace) -> str:
         "batch-budget": args.batch_budget,
         "report": args.report,
         "sampler-choice": args.sampler_choice,
+        "default-study": args.default_study,
         "ablate": args.ablate,
     }
     kind = next((k for k, on in kinds.items() if on), "bench")

@@ -1,13 +1,21 @@
-"""The transformers Trainer's own study, the peer of `python -m app.bench --hpo-peers`.
+"""The transformers Trainer's own study, the peer of `python -m app.bench --hpo-peers` and
+`--default-study`.
 
 `Trainer.hyperparameter_search(backend="optuna")` on what the sweeper's study trains: the same
-composed config (model, data blocks, steps, evaluation cadence and samples, optimizer recipe),
-the same search space (`hydra.sweeper.params` of that config, under the Trainer's argument
-names), the same sampler and seed (so both studies draw the same configurations in the same
-order) and Optuna's SuccessiveHalvingPruner (the arguments the spec gives). Each step trains
-the samples the sweeper's step trains, in the same order (the trainer's step order, fed through
-the Trainer's train sampler), so the two differ by framework, not by data luck. The study is
-written to a journal file the parent reads back.
+composed config (model, data blocks, evaluation samples, optimizer recipe), the same search
+space (the study's `hydra.sweeper.params`, else its `hpo.params`, under the Trainer's argument
+names), and the sampler and pruner the spec names. Each step trains the samples the sweeper's
+step trains, in the same order (the trainer's step order, fed through the Trainer's train
+sampler), so the two differ by framework, not by data luck. The study is written to a journal
+file the parent reads back.
+
+Two budgets, as the sweeper's study has them:
+
+- steps (`--hpo-peers`): every trial trains `training.max_steps` steps of a fixed micro-batch,
+  its effective batch as gradient accumulation (the sweeper's draws, in its order);
+- data (`--default-study`, the spec's `samples`): every trial trains that many samples, its
+  steps, warm-up and evaluations set per trial from its batch (the Trainer counts them in its
+  own steps), the whole batch per step (no accumulation: on a CPU it fits).
 
 Run as `python -m app.bench.hf_study <spec.json>`; transformers is imported only here.
 """
@@ -22,13 +30,15 @@ from typing import Any
 import torch
 
 # The sweeper's names -> TrainingArguments fields. The effective batch becomes accumulation
-# steps of the fixed micro-batch (its choices divided by the micro-batch: same draws).
+# steps of the fixed micro-batch (its choices divided by the micro-batch: same draws), or under
+# a data budget the per-device batch itself.
 ARGUMENT = {
     "training.effective_batch_size": "gradient_accumulation_steps",
     "training.lr": "learning_rate",
     "training.weight_decay": "weight_decay",
     "training.warmup_steps": "warmup_steps",
 }
+BATCH = "training.effective_batch_size"
 
 
 def main(spec_path: str) -> int:
@@ -40,24 +50,68 @@ def main(spec_path: str) -> int:
     from app.config.schema import load_config
 
     composed = compose("train", spec["overrides"], return_hydra_config=True)
-    space = _space(composed.hydra.sweeper.params)
+    space = _space(composed.hydra.sweeper.params or composed.hpo.params)
     cfg = load_config(compose("train", spec["overrides"]))
+    samples = spec.get("samples")
     micro = cfg.training.fixed_micro_batch
-    if micro is None:
+    if micro is None and samples is None:
         raise SystemExit("the study bench needs a fixed training.micro_batch_size")
-    trainer = _trainer(cfg, spec["tmp"])
+    trainer = _trainer(cfg, spec["tmp"], data_budget=samples is not None)
+
+    def hp_space(trial: Any) -> dict[str, Any]:
+        if samples is None:
+            assert micro is not None  # checked above
+            return _suggest(trial, space, micro)
+        return _per_trial(trial, space, samples, cfg.training)
+
     storage = optuna.storages.JournalStorage(JournalFileBackend(spec["journal"]))
     trainer.hyperparameter_search(
-        hp_space=lambda trial: _suggest(trial, space, micro),
+        hp_space=hp_space,
         backend="optuna",
         n_trials=spec["n_trials"],
         direction="minimize",
         study_name="peer",
         storage=storage,
-        sampler=optuna.samplers.RandomSampler(seed=spec["seed"]),
-        pruner=optuna.pruners.SuccessiveHalvingPruner(**spec["pruner_args"]),
+        sampler=_sampler(spec),
+        pruner=_pruner(spec),
     )
     return 0
+
+
+def _sampler(spec: dict[str, Any]) -> Any:
+    import optuna
+
+    if spec.get("sampler", "random") == "tpe":  # what hyperparameter_search builds, seeded
+        return optuna.samplers.TPESampler(seed=spec["seed"])
+    return optuna.samplers.RandomSampler(seed=spec["seed"])
+
+
+def _pruner(spec: dict[str, Any]) -> Any:
+    import optuna
+
+    if spec.get("pruner") == "median":  # Optuna's default, what hyperparameter_search gets
+        return optuna.pruners.MedianPruner()
+    return optuna.pruners.SuccessiveHalvingPruner(**spec["pruner_args"])
+
+
+def _per_trial(trial: Any, space: dict[str, Any], samples: int, t: Any) -> dict[str, Any]:
+    """A trial under a data budget: its draws, and its steps, warm-up and evaluation interval in
+    its own steps, as the sweeper's run derives them (reference-batch steps of data)."""
+    from hydra_plugins.hydratrain_optuna_sweeper.pruning import suggest
+
+    drawn = {name: suggest(trial, name, dist) for name, dist in space.items()}
+    batch = int(drawn.pop(BATCH, t.effective_batch_size))
+    per_step = t.reference_batch / batch  # this trial's steps per reference step
+    warmup = int(drawn.pop("training.warmup_steps", t.warmup_steps))
+    out = {ARGUMENT[name]: value for name, value in drawn.items()}
+    return {
+        **out,
+        "per_device_train_batch_size": batch,
+        "gradient_accumulation_steps": 1,
+        "max_steps": -(-samples // batch),
+        "warmup_steps": round(warmup * per_step),
+        "eval_steps": max(1, round(t.eval_every * per_step)),
+    }
 
 
 def _space(params: Any) -> dict[str, Any]:
@@ -93,7 +147,7 @@ def _suggest(trial: Any, space: dict[str, Any], micro: int) -> dict[str, Any]:
     return out
 
 
-def _trainer(cfg: Any, tmp: str) -> Any:
+def _trainer(cfg: Any, tmp: str, data_budget: bool = False) -> Any:
     from transformers import Trainer, TrainingArguments
 
     from app.bench.tasks import _HfBlocks
@@ -108,16 +162,19 @@ def _trainer(cfg: Any, tmp: str) -> Any:
         def _get_train_sampler(self, train_dataset: Any = None) -> Any:
             n = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
             order = StepDataset(data.train, n, cfg.data.seed)
-            return torch.cat([order.step_indices(s) for s in range(t.max_steps)]).tolist()
+            steps = self.args.max_steps  # the trial's own under a data budget
+            return torch.cat([order.step_indices(s) for s in range(steps)]).tolist()
 
     def model_init(trial: Any = None) -> Any:
         return task.build_model(cfg.model, data)  # seeded by the Trainer with args.seed
 
+    # the sweep's evaluation micro-batch (none of it dropped: drop_last is for training)
+    eval_batch = min(128, t.eval_samples) if data_budget else 4 * t.micro_batch_size
     args = TrainingArguments(
         output_dir=str(Path(tmp) / "hf"),
-        per_device_train_batch_size=t.micro_batch_size,
-        per_device_eval_batch_size=4 * t.micro_batch_size,  # the sweep's eval micro-batch
-        max_steps=t.max_steps,
+        per_device_train_batch_size=t.fixed_micro_batch or t.effective_batch_size,
+        per_device_eval_batch_size=eval_batch,
+        max_steps=t.max_steps or 1,  # under a data budget: set per trial
         eval_strategy="steps",
         eval_steps=t.eval_every,
         adam_beta1=t.betas[0],
