@@ -47,6 +47,11 @@ CASES = [
     ("two-budgets", ["training.max_samples=100"], "are two budgets; set one of"),
     ("samples-zero", ["training.max_steps=null", "training.max_samples=0"], "max_samples=0 must"),
     ("lr-scaling", ["training.lr_scaling=cube"], "training.lr_scaling='cube' is not allowed"),
+    (
+        "default-budget",
+        ["training.default_budget=epochs"],
+        "training.default_budget='epochs' is not allowed",
+    ),
     ("reference-zero", ["training.reference_batch=0"], "training.reference_batch=0 must be"),
     (
         "lr-scaled-above-1",
@@ -314,6 +319,8 @@ def test_a_refusal_after_hydra_started_leaves_the_run_dir_as_it_was(
 
 SWEEP_CASES = [
     ("trials-zero", ["hpo.n_trials=0"], "hpo.n_trials=0"),
+    ("budget-trials", ["hpo.budget_trials=0"], "hpo.budget_trials=0"),
+    ("sampler-arg", ["hpo.sampler_args={n_startup:5}"], "hpo.sampler_args.n_startup"),
     ("direction", ["hpo.direction=up"], "hpo.direction='up'"),
     ("sampler", ["hpo.sampler=annealing"], "hpo.sampler='annealing'"),
     ("pruner", ["hpo.pruner=always"], "hpo.pruner='always'"),

@@ -390,3 +390,27 @@ def test_a_data_budget_resumes_only_at_the_batch_it_was_trained_with(tmp_path):
     other = [*base, "training.effective_batch_size=16", f"training.resume={tmp_path / 'first'}"]
     with pytest.raises(ConfigError, match="resumes only at the same batch"):
         run_training(config(other), tmp_path / "second")
+
+
+def test_the_study_group_budgets_in_data_unless_a_budget_is_set():
+    """hpo=optuna: with no budget set, the data 300 steps of the reference batch see (tokens
+    for packed text, samples for padded pairs); any budget a file or the command line sets
+    replaces it; a single run keeps 300 steps."""
+
+    def budget(*overrides: str):
+        typed = config(list(overrides))
+        return budget_of(typed.training, typed.tokens_per_sample())
+
+    lm = budget("hpo=optuna")
+    assert (lm.unit, lm.total, lm.setting) == (
+        "tokens",
+        300 * 32 * 128,
+        "training.default_budget=data",
+    )
+    nli = budget("hpo=optuna", "experiment=nli_tiny", "training.max_steps=null")
+    assert (nli.unit, nli.total) == ("samples", 300 * 32)
+    assert budget("hpo=optuna", "experiment=nli_tiny").unit == "steps"  # the experiment's
+    assert budget("hpo=optuna", "+sweeps=tiny_cpu").setting == "training.max_samples"
+    assert budget("hpo=optuna", "training.max_steps=40").setting == "training.max_steps"
+    single = budget()
+    assert (single.unit, single.total) == ("steps", DEFAULT_MAX_STEPS)

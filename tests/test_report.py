@@ -215,3 +215,24 @@ def test_app_report_gives_each_study_of_a_folder_its_own_report(tmp_path, monkey
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
     assert report_main(["--storage", f"sqlite:///{tmp_path}/c.db"]) == 0
     assert (tmp_path / "c" / "report.html").is_file()
+
+
+def test_how_a_budget_in_trials_worth_was_spent_is_in_the_report_as_the_sweeper_counts_it():
+    """Lines: the promoted one and trial 6 ran to the end (1 each), trial 1 was pruned at 5 of
+    20 (a quarter), the diverged one ran 10 (a half), the OOM and the error none: 2.75."""
+    from app.studies.report.tables import cost_table
+    from hydra_plugins.hydratrain_optuna_sweeper._cost import BUDGET_TRIALS, trials_worth
+
+    study = _sweeper_study()
+    study.set_user_attr(BUDGET_TRIALS, 3.0)
+    record = study_record(study, "memory")
+    assert record.budget_trials == 3.0
+    table = cost_table(record)
+    for row in (
+        "budget: full trials&#x27; worth of training (hpo.budget_trials)</td><td>3</td>",
+        "spent: full trials&#x27; worth</td><td>2.75</td>",
+        "configurations it bought (lines of trials)</td><td>6</td>",
+        "of them trained to the end</td><td>2</td>",
+    ):
+        assert row in table
+    assert trials_worth(study.get_trials(), 20) == pytest.approx(2.75)  # the sweeper's count
