@@ -154,3 +154,28 @@ def test_a_trainer_trial_under_a_data_budget_trains_the_sweepers_data_at_its_bat
         "eval_steps": 25,  # every 1,600 samples, as the sweeper's run evaluates
     }
     assert trial.params["training.effective_batch_size"] == 64  # recorded under our names
+
+
+# `python -m app.bench --sampler-choice`
+
+
+def test_a_samplers_anytime_best_and_its_gap_to_each_seeds_best():
+    from app.bench.sampler_choice import _regret, _steps, best_by
+
+    study = _study(100.0, [_row(0, 2.0, 1010.0), _row(1, None, 1020.0, "PRUNED"),
+                           _row(2, 1.5, 1030.0)])  # fmt: skip
+    for t, batch in zip(study["trials"], (8, 8, 16), strict=True):
+        t["params"] = {"training.effective_batch_size": batch}
+    steps = _steps(study)  # 10 steps each: 80, 80 and 160 samples
+    assert [(s["samples"], s["value"]) for s in steps] == [(80, 2.0), (160, None), (320, 1.5)]
+    assert best_by(steps, 160) == 2.0 and best_by(steps, 320) == 1.5
+
+    def run(arm: str, seed: int, best: float, half: float | None) -> dict:
+        return {"study": "s", "arm": arm, "seed": seed, "best_value": best, "best_at_half": half}
+
+    runs = [run("a", 0, 1.0, 1.2), run("b", 0, 1.1, None), run("a", 1, 2.2, 2.2),
+            run("b", 1, 2.0, 2.0)]  # fmt: skip
+    gaps = _regret(runs)["s"]
+    assert gaps["a (end)"] == pytest.approx((0.0 + 0.1) / 2)
+    assert gaps["b (end)"] == pytest.approx((0.1 + 0.0) / 2)
+    assert gaps["b (half)"] == float("inf")  # no trial completed by half its samples

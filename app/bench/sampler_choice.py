@@ -55,6 +55,16 @@ STUDIES: dict[str, list[str]] = {
 }
 
 
+class Step(TypedDict):
+    """A trial as it ended: the samples the study had trained by then, its value if complete."""
+
+    number: int
+    state: str
+    value: float | None
+    samples: int  # the study's, up to this trial's end
+    at_s: float  # seconds since the study started
+
+
 class ArmRun(TypedDict):
     study: str
     arm: str
@@ -65,12 +75,17 @@ class ArmRun(TypedDict):
     samples: int  # trained by all the study's trials
     wall_s: float
     cpu_s: float
+    # the best completed value once the study had trained half its samples (anytime quality)
+    best_at_half: float | None
+    steps: list[Step]
 
 
 class SamplerChoice(TypedDict):
     runs: list[ArmRun]
     # per study and arm: the median over seeds of the best value
     medians: dict[str, dict[str, float | None]]
+    # per study and "arm (end|half)": the mean gap to each seed's best of all arms
+    regret: dict[str, dict[str, float]]
 
 
 def run_sampler_choice(
@@ -91,14 +106,12 @@ def run_sampler_choice(
                     runs.append(_row(study, arm, seed, run_study(overrides)))
                     with partial.open("a") as f:
                         f.write(json.dumps(runs[-1]) + "\n")
-    return {"runs": runs, "medians": _medians(runs)}
+    return {"runs": runs, "medians": _medians(runs), "regret": _regret(runs)}
 
 
 def _row(study: str, arm: str, seed: int, result: StudyResult) -> ArmRun:
-    samples = sum(
-        t["steps"] * int(str(t["params"].get("training.effective_batch_size", 0)))
-        for t in result["trials"]
-    )
+    steps = _steps(result)
+    samples = steps[-1]["samples"] if steps else 0
     return {
         "study": study,
         "arm": arm,
@@ -109,7 +122,36 @@ def _row(study: str, arm: str, seed: int, result: StudyResult) -> ArmRun:
         "samples": samples,
         "wall_s": result["wall_s"],
         "cpu_s": result["cpu_s"],
+        "best_at_half": best_by(steps, samples / 2),
+        "steps": steps,
     }
+
+
+def _steps(result: StudyResult) -> list[Step]:
+    """The study's trials in the order they ended, with the samples trained by each end."""
+    ended = sorted(
+        (t for t in result["trials"] if t["end"] is not None), key=lambda t: t["end"] or 0.0
+    )
+    out: list[Step] = []
+    trained = 0
+    for t in ended:
+        trained += t["steps"] * int(str(t["params"].get("training.effective_batch_size", 0)))
+        out.append(
+            {
+                "number": t["number"],
+                "state": t["state"],
+                "value": t["value"] if t["state"] == "COMPLETE" else None,
+                "samples": trained,
+                "at_s": (t["end"] or 0.0) - result["started_at"],
+            }
+        )
+    return out
+
+
+def best_by(steps: list[Step], samples: float) -> float | None:
+    """The best completed value among the trials that ended by `samples` trained."""
+    done = [v for s in steps if s["samples"] <= samples and (v := s["value"]) is not None]
+    return min(done) if done else None
 
 
 def _medians(runs: list[ArmRun]) -> dict[str, dict[str, float | None]]:
@@ -127,20 +169,48 @@ def _medians(runs: list[ArmRun]) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def _regret(runs: list[ArmRun]) -> dict[str, dict[str, float]]:
+    """Per study and arm, the mean over seeds of how far its best is above the best any arm
+    reached on that seed (0: the best of the seed), at the end and at half the samples."""
+    out: dict[str, dict[str, float]] = {}
+    for study in {r["study"] for r in runs}:
+        mine = [r for r in runs if r["study"] == study]
+        for arm in {r["arm"] for r in mine}:
+            gaps = []
+            for r in (r for r in mine if r["arm"] == arm):
+                seed = [o["best_value"] for o in mine if o["seed"] == r["seed"]]
+                floor = min(v for v in seed if v is not None)
+                for key in ("best_value", "best_at_half"):
+                    value = r[key]
+                    gaps.append((key, float("inf") if value is None else value / floor - 1))
+            for key, name in (("best_value", "end"), ("best_at_half", "half")):
+                values = [g for k, g in gaps if k == key]
+                out.setdefault(study, {})[f"{arm} ({name})"] = statistics.mean(values)
+    return out
+
+
 def sampler_choice_table(report: SamplerChoice) -> str:
     lines = [
-        "| study | sampler | seed | best value | trials (state: n) | samples trained | wall s |",
-        "|---|---|---:|---:|---|---:|---:|",
+        "| study | sampler | seed | best value | best at half the samples | trials (state: n) "
+        "| samples trained | wall s |",
+        "|---|---|---:|---:|---:|---|---:|---:|",
     ]
     for r in report["runs"]:
         states = ", ".join(f"{k.lower()}: {v}" for k, v in sorted(r["states"].items()))
-        best = "n/a" if r["best_value"] is None else f"{r['best_value']:.4f}"
         lines.append(
-            f"| {r['study']} | {r['arm']} | {r['seed']} | {best} | {states} | "
-            f"{r['samples']:,} | {r['wall_s']:.0f} |"
+            f"| {r['study']} | {r['arm']} | {r['seed']} | {_value(r['best_value'])} | "
+            f"{_value(r['best_at_half'])} | {states} | {r['samples']:,} | {r['wall_s']:.0f} |"
         )
     lines += ["", "| study | sampler | median best over seeds |", "|---|---|---:|"]
     for study, arms in report["medians"].items():
         for arm, value in arms.items():
-            lines.append(f"| {study} | {arm} | {'n/a' if value is None else f'{value:.4f}'} |")
+            lines.append(f"| {study} | {arm} | {_value(value)} |")
+    lines += ["", "| study | sampler (when) | mean gap to the seed's best |", "|---|---|---:|"]
+    for study, gaps in report["regret"].items():
+        for name, gap in sorted(gaps.items()):
+            lines.append(f"| {study} | {name} | {100 * gap:.1f} % |")
     return "\n".join(lines)
+
+
+def _value(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
