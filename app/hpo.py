@@ -30,7 +30,7 @@ from app.config.hpo import BatchSizeStudyConfig, HpoConfig
 from app.config.jobs import check_job_config, report_axis_of, task_of
 from app.core.errors import ConfigError, first_line
 from app.core.outcomes import Paused, Status, status_of
-from app.core.preemption import StopRequest, stop_on_signals
+from app.core.preemption import StopRequest, stop_on_signals, stop_requested
 from app.core.redact import MASK, URL_PASSWORD, mask_url_passwords
 from app.studies.batch_size import IMAGE as BATCH_STUDY_IMAGE
 from app.studies.batch_size import BatchTrial
@@ -76,6 +76,7 @@ __all__ = [
     "shared_gpu",
     "status_of",
     "stop_on_signals",
+    "stop_requested",
     "task_of",
     "visible_gpus",
     "write_report",

@@ -142,18 +142,3 @@ def test_a_sampler_reads_the_trials_a_study_seen_as_shows_it(study, sampler):
     value = s.sample_independent(seen, frozen, "x", optuna.distributions.FloatDistribution(0, 1))
     assert 0 <= value <= 1 and calls
     assert len(study.trials) == 4 and seen.study_name == study.study_name
-
-
-def test_the_basic_launcher_runs_jobs_in_turn_and_another_does_not():
-    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
-    from hydra.plugins.launcher import Launcher
-
-    class Parallel(Launcher):
-        def setup(self, **kwargs) -> None:
-            pass
-
-        def launch(self, job_overrides, initial_job_idx):
-            return []
-
-    assert private.runs_jobs_in_turn(BasicLauncher())
-    assert not private.runs_jobs_in_turn(Parallel())

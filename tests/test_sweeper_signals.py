@@ -180,17 +180,20 @@ def test_a_stop_whose_trial_cannot_save_still_stops_the_sweep(tmp_path):
     assert "WriteFailed" in trial.user_attrs["error"], trial.user_attrs
 
 
-def test_a_stop_in_a_batch_launches_none_of_its_later_jobs_and_the_rerun_runs_them(tmp_path):
-    """hydra.sweeper.n_jobs=3 with the basic launcher (one job after another): SIGTERM during
-    the first job leaves the other two unlaunched, queued again with their parameters."""
+def test_a_stop_in_a_batch_runs_none_of_its_later_jobs_and_the_rerun_runs_them(tmp_path):
+    """hydra.sweeper.n_jobs=3 with the basic launcher, which runs one job after another (one
+    launch of 3, as the stock sweeper's): SIGTERM during the first job, and the other two end
+    before the app runs, queued again with their parameters."""
     args = _args(tmp_path, 3, "hydra.sweeper.n_jobs=3", "fake.step_sleep=0.3")
     worker = _start(tmp_path, args)
     _wait_for(tmp_path, _reporting(0))
     worker.send_signal(signal.SIGTERM)
-    _, err = worker.communicate(timeout=60)
+    out, err = worker.communicate(timeout=60)
     assert worker.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "Launching 3 jobs locally" in out
     trials = _trials(tmp_path)
-    assert not (tmp_path / "multirun" / "1").exists()  # never launched
+    assert [t.intermediate_values for t in trials[1:3]] == [{}, {}]  # they never trained
+    assert "before this trial started" in trials[1].user_attrs["error"]
     first, later = trials[0], [t for t in trials[1:] if counted(t)]
     assert first.user_attrs["reason"] == "preempted"  # it took the signal itself: resumable
     assert [t.state for t in later] == [TrialState.WAITING] * 3  # its copy and the two others

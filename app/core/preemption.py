@@ -50,6 +50,11 @@ FINISH_STEP = "finishing this optimizer step, then a checkpoint and the summary"
 _ACTIVE: list[StopRequest] = []
 
 
+def stop_requested() -> bool:
+    """A stop was requested of a block of this process now inside stop_on_signals."""
+    return any(request.requested for request in _ACTIVE)
+
+
 @contextlib.contextmanager
 def stop_on_signals(stop: StopRequest, then: str = FINISH_STEP) -> Iterator[StopRequest]:
     """Route SIGTERM/SIGINT into `stop` for the duration of the block, then restore the

@@ -36,6 +36,7 @@ from ._fleet_jobs import FleetJob, worker_config
 from ._fleet_plan import FleetPlan, fleet_worker, seeded_for_worker
 from ._fleet_run import Fleet, plan_fleet_of
 from ._line_sampler import LineSampler, unwrapped
+from ._outcomes import StartUnlessStopped
 from ._report import describe, write_sweep_report
 from ._results import check_completed
 from ._samplers import EvalSchedule, build_pruner, build_sampler, grid_size
@@ -75,7 +76,9 @@ class OptunaSweeperImpl(Sweeper):
         self.hydra_context = hydra_context
         self.task_function = task_function
         self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
+            hydra_context=hydra_context,
+            task_function=StartUnlessStopped(task_function),
+            config=config,
         )
 
     def sweep(self, arguments: list[str]) -> None:

@@ -21,15 +21,17 @@ import logging
 import math
 import signal
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import SupportsFloat, SupportsIndex
 
 import optuna
 from hydra.core.utils import JobReturn
+from omegaconf import DictConfig
 from optuna.trial import TrialState
 
-from app.hpo import Status, status_of
+from app.hpo import Status, status_of, stop_requested
 
 from . import _private as private
 
@@ -57,8 +59,11 @@ class Outcome:
         return str(self.attrs.get("reason", ""))
 
 
-def classify(ret: JobReturn, n_objectives: int) -> Outcome:
+def classify(ret: JobReturn, n_objectives: int, stopped_by: int | None = None) -> Outcome:
+    """`stopped_by`: the signal that stopped the worker, for a job that did not start."""
     value, exc = private.job_result(ret)
+    if isinstance(exc, NotStarted):
+        return not_started(stopped_by)
     outcome = from_exception(exc) if exc is not None else from_value(value, n_objectives)
     run_dir = _run_dir(ret)
     if run_dir:
@@ -87,9 +92,28 @@ def from_exception(exc: BaseException) -> Outcome:
     return Outcome(TrialState.FAIL, attrs=error_attrs("error", exc), trace=trace)
 
 
+class NotStarted(Exception):
+    """A job the launcher started after a stop request: it did not run (`StartUnlessStopped`)."""
+
+
+class StartUnlessStopped:
+    """The task function as the launcher gets it. Hydra's basic launcher runs a batch's jobs
+    one after another in this process: a job it reaches after a stop request (a signal during
+    an earlier job of the batch) ends at once, before the app runs, and its trial is queued
+    again. Jobs in other processes (joblib, submitit) start together, before any stop."""
+
+    def __init__(self, task_function: Callable[[DictConfig], object]) -> None:
+        self.task_function = task_function
+
+    def __call__(self, cfg: DictConfig) -> object:
+        if stop_requested():
+            raise NotStarted("the sweep was stopped before this trial started")
+        return self.task_function(cfg)
+
+
 def not_started(signum: int | None) -> Outcome:
-    """A trial of the batch that a stop request reached before its job was launched: handled as
-    a preempted one (not counted, queued again with its parameters for the rerun)."""
+    """A trial of the batch that a stop request reached before its job ran: handled as a
+    preempted one (not counted, queued again with its parameters for the rerun)."""
     signum = signum or signal.SIGTERM
     error = f"the sweep was stopped ({signal.Signals(signum).name}) before this trial started"
     return Outcome(

@@ -7,10 +7,7 @@ job's process from its number. Hydra's public `JobReturn.return_value` prints to
 raises for a failed job, where the sweeper wants the exception as a value. And an update to a
 trial that another worker finished meanwhile raises `UpdateFinishedTrialError` from Optuna
 4.1 on, a plain RuntimeError before: `finished_trial_guard` turns both into `TrialFinished`.
-Hydra's basic launcher (the default) runs a launch's jobs one after another in this process,
-where a parallel launcher starts them together: `runs_jobs_in_turn` tells which, so that a stop
-request launches no job after it. The stock sweeper warns about its legacy `search_space` node
-through Hydra's internal
+The stock sweeper warns about its legacy `search_space` node through Hydra's internal
 `deprecation_warning`, which honours HYDRA_DEPRECATION_WARNINGS_AS_ERRORS: so does ours.
 A re-queued trial is recorded as Optuna's RetryFailedTrialCallback records one, in its system
 attrs `failed_trial` and `retry_history`, so that
@@ -154,10 +151,3 @@ def retry_attrs(t: FrozenTrial) -> dict[str, object]:
     """The system attrs of a re-queued copy of t."""
     history = [*retry_history(t), t.number]
     return {"failed_trial": history[0], "retry_history": history}
-
-
-def runs_jobs_in_turn(launcher: object) -> bool:
-    """Hydra's basic launcher: the jobs of one launch run one after another, in this process."""
-    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
-
-    return isinstance(launcher, BasicLauncher)

@@ -185,13 +185,14 @@ class Worker:
         try:
             with heartbeat(self.study, trials, self.s.liveness.heartbeat_interval):
                 outcomes: list[Outcome] = []
-                for group in self._launches(jobs):  # job number = trial number: its run dir
+                for group in consecutive(jobs):  # job number = trial number: its run dir
                     if self.stop.requested:  # a stop launches nothing after it
                         outcomes += [not_started(self.stop.signum) for _ in group]
                         continue
                     overrides = [o for _, o in group]
                     returns = p.launcher.launch(overrides, initial_job_idx=group[0][0].number)
-                    outcomes += [classify(ret, len(self.s.directions)) for ret in returns]
+                    n, signum = len(self.s.directions), self.stop.signum
+                    outcomes += [classify(ret, n, stopped_by=signum) for ret in returns]
                     del returns  # a failed job's traceback pins its model: drop it now
             return outcomes
         except Exception as e:  # the launcher itself failed
@@ -199,15 +200,6 @@ class Worker:
         finally:
             for trial in trials:
                 reporter.unregister_live_trial(p.job_storage, self.study.study_name, trial.number)
-
-    def _launches(self, jobs: list[tuple[Trial, list[str]]]) -> list[list[tuple[Trial, list[str]]]]:
-        """The launches of a batch: runs of consecutive trial numbers (a launch numbers its
-        jobs so), one job each where the launcher runs them in turn anyway, so that a stop
-        request between two of them launches neither the next nor any after it."""
-        groups = consecutive(jobs)
-        if private.runs_jobs_in_turn(self.plan.launcher):
-            return [[job] for group in groups for job in group]
-        return groups
 
     def _overrides(self, trial: Trial, share: GpuShare | None = None) -> list[str]:
         p = self.plan
