@@ -3,6 +3,7 @@ ranks: the parts of `hpo.workers` and `hpo.gpus_per_trial` that need no process.
 
 from __future__ import annotations
 
+import optuna
 import pytest
 from omegaconf import OmegaConf
 
@@ -123,3 +124,50 @@ def test_a_trial_on_two_ranks_gets_one_outcome():
         one_outcome([_record(0, Status.COMPLETED, objective=1.0)])
     with pytest.raises(RunOutcome, match="before any of them recorded"):
         one_outcome([])
+
+
+def _worker_budget(monkeypatch, storage, worker: int, seed: int, space):
+    """Worker `worker` of a fleet on the study in `storage`: hpo=optuna's sampler (hpo.seed
+    `seed`) as that worker builds it, and its budget, which draws each new trial's point."""
+    from hydra_plugins.hydratrain_optuna_sweeper._samplers import build_sampler
+    from hydra_plugins.hydratrain_optuna_sweeper._settings import StockOptions, read_settings
+    from hydra_plugins.hydratrain_optuna_sweeper._study import StudyBudget
+
+    monkeypatch.setenv(WORKER_ENV, str(worker))
+    s = read_settings(StockOptions(False), OmegaConf.create({"seed": seed}), "/tmp/sweep")
+    sampler = build_sampler(seeded_for_worker(s.sampler), s.sampler_key, dict, 1, oom=True)
+    study = optuna.load_study(study_name="s", storage=storage, sampler=sampler)
+    return StudyBudget(study, None, None, s.liveness, draw=space.draw)
+
+
+def test_two_workers_asking_at_once_are_not_handed_the_same_point(monkeypatch):
+    """Past the start-up, on a discrete space with one clearly best point, the second worker
+    asks while the first one's trial runs: it is handed another point, on every seed tried
+    (the sampler alone hands both the best point: its constant liar does not move TPE off a
+    point that dominates)."""
+    from optuna.trial import TrialState, create_trial
+
+    from hydra_plugins.hydratrain_optuna_sweeper._space import Entry, parse_space
+
+    space = parse_space(
+        [
+            Entry("p", "training.effective_batch_size=choice(16, 32, 64)"),
+            Entry("p", "training.warmup_steps=choice(0, 10, 20, 50)"),
+        ]
+    )
+    points = [(b, w) for b in (16, 32, 64) for w in (0, 10, 20, 50)]
+    for seed in range(5):
+        storage = optuna.storages.InMemoryStorage()
+        study = optuna.create_study(storage=storage, study_name="s")
+        for b, w in points + points:  # 24 results: past any start-up
+            value = 0.1 if (b, w) == (32, 10) else 1.0 + (b + w) / 100
+            params = {"training.effective_batch_size": b, "training.warmup_steps": w}
+            study.add_trial(
+                create_trial(params=params, distributions=space.distributions, value=value)
+            )
+        (first,) = _worker_budget(monkeypatch, storage, 0, seed, space).next_trials(1)
+        (second,) = _worker_budget(monkeypatch, storage, 1, seed, space).next_trials(1)
+        space.draw(first), space.draw(second)  # as the workers do: the points drawn above
+        assert first.params != second.params, f"seed {seed}: both were handed {first.params}"
+        dropped = [t for t in study.get_trials() if t.user_attrs.get("reason") == "duplicate"]
+        assert all(t.state == TrialState.FAIL for t in dropped)

@@ -166,7 +166,7 @@ class OptunaSweeperImpl(Sweeper):
         return Plan(
             settings=s,
             study=study,
-            budget=_budget(study, s, judge, schedule),
+            budget=_budget(study, s, judge, schedule, space),
             space=space,
             hook=hook,
             config=self.config,
@@ -275,7 +275,11 @@ def _judge(study: optuna.Study, s: SweepSettings, pruner: optuna.pruners.BasePru
 
 
 def _budget(
-    study: optuna.Study, s: SweepSettings, judge: Judge, schedule: EvalSchedule | None
+    study: optuna.Study,
+    s: SweepSettings,
+    judge: Judge,
+    schedule: EvalSchedule | None,
+    space: SearchSpace,
 ) -> RunBudget | StudyBudget:
     pruner = judge.study.pruner
     promoter = Promoter(study, judge.study, pruner.eta) if isinstance(pruner, AshaPruner) else None
@@ -294,6 +298,7 @@ def _budget(
         promoter=promoter,
         cost=cost,
         worth=worth,
+        draw=space.draw,
     )
 
 

@@ -79,6 +79,11 @@ class SearchSpace:
     def fixed_overrides(self, exclude: Mapping[str, object]) -> list[str]:
         return [f"{k}={v}" for k, v in self.fixed.items() if k not in exclude]
 
+    def draw(self, trial: Trial) -> None:
+        """Sample `trial`'s point, as the worker will (a second call returns the same)."""
+        for name, dist in self.distributions.items():
+            suggest(trial, name, dist)
+
     def grid(self) -> Grid:
         """The values GridSampler visits, as the stock sweeper builds them (its range ends
         *before* the upper end, unlike the other samplers)."""

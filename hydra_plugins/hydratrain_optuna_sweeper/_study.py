@@ -27,7 +27,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
@@ -77,7 +77,8 @@ class Budget(abc.ABC):
     queues a paused trial that qualifies before a new one is asked for; `cost` (hpo.budget_s)
     ends the study once its trials spent that many device-seconds; `worth`
     (hpo.budget_trials) once they trained that many full trials' worth. `n_trials` None: no
-    count of trials (a budget in worth)."""
+    count of trials (a budget in worth). `draw` samples a new trial's point, so that no two
+    running trials are handed the same one (`_distinct`)."""
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class Budget(abc.ABC):
         promoter: Promoter | None = None,
         cost: CostCap | None = None,
         worth: TrialsWorth | None = None,
+        draw: Callable[[Trial], object] | None = None,
     ) -> None:
         self.study = study
         self.n_trials = n_trials
@@ -97,6 +99,7 @@ class Budget(abc.ABC):
         self.promoter = promoter
         self.cost = cost
         self.worth = worth
+        self.draw = draw  # samples a new trial's point (the search space), to compare it
         self.mine: set[int] = set()  # trial ids this worker is running
 
     def next_trials(self, k: int) -> list[Trial]:
@@ -116,7 +119,39 @@ class Budget(abc.ABC):
             self.promoter.promote()  # queued: the ask below pops it
         while (trial := self._ask()) is not None and self._duplicate(trial):
             pass
+        return self._distinct(trial)
+
+    def _distinct(self, trial: Trial | None) -> Trial | None:
+        """A point no running trial holds. Two workers asking at once past the start-up may be
+        drawn the same point (on a small discrete space the constant liar does not keep the
+        second off it): the second trial is dropped (FAIL, `duplicate`, not counted) and the
+        point drawn again at random, a few times at most (more workers than points share)."""
+        for attempt in range(REDRAWS):
+            twin = None if trial is None else self._running_twin(trial)
+            if trial is None or twin is None:
+                return trial
+            log.info(
+                "Trial %d was drawn trial %d's point, which runs: drawn again", trial.number, twin
+            )
+            trial.set_user_attr("reason", "duplicate")
+            uncount(self.study, trial)
+            self.study.tell(trial, state=TrialState.FAIL)
+            with _drawing_at_random(self.study, seed=trial.number + attempt):
+                trial = self._ask()
+                if trial is not None and self.draw is not None:
+                    self.draw(trial)
         return trial
+
+    def _running_twin(self, trial: Trial) -> int | None:
+        """The number of a running trial with the point the sampler drew for `trial`."""
+        if self.draw is None or "fixed_params" in private.frozen(self.study, trial).system_attrs:
+            return None  # nothing to compare, or queued as given (hpo.enqueue, a copy)
+        self.draw(trial)
+        params = private.frozen(self.study, trial).params
+        for other in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if other.number != trial.number and other.params == params:
+                return other.number
+        return None
 
     def promote_at_end(self) -> bool:
         """The budget is spent and nothing else runs: promote what each rung's best still
@@ -226,6 +261,20 @@ class StudyBudget(Budget):
     def others_running(self) -> bool:
         running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         return any(private.trial_id(t) not in self.mine for t in running)
+
+
+REDRAWS = 8  # draws of a point a running trial holds, before two trials share it
+
+
+@contextlib.contextmanager
+def _drawing_at_random(study: optuna.Study, seed: int) -> Iterator[None]:
+    """The study's sampler is a random one for the block (a redraw), then its own again."""
+    sampler = study.sampler
+    study.sampler = optuna.samplers.RandomSampler(seed=seed)
+    try:
+        yield
+    finally:
+        study.sampler = sampler
 
 
 def stamp_heartbeat(study: optuna.Study, trial: Trial | FrozenTrial) -> None:
