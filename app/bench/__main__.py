@@ -60,8 +60,7 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         hpo = run_hpo_bench(args.overrides)
         return {"machine": machine_info(), **hpo}, hpo_table(hpo)
     if args.batch_budget:
-        seeds = [int(s) for s in args.seeds.split(",")]
-        budget = run_batch_budget_bench(args.overrides, seeds)
+        budget = run_batch_budget_bench(args.overrides, _seeds(args))
         return {"machine": machine_info(), **budget}, batch_budget_table(budget)
     if args.hpo_peers:
         peers = args.peers.split(",") if args.peers else list(HPO_PEERS)
@@ -69,16 +68,14 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         studies = run_peers_bench(args.overrides, peers, samplers)
         return {"machine": machine_info(), **studies}, peers_tables(studies)
     if args.default_study:
-        seeds = [int(s) for s in args.seeds.split(",")]
-        study = run_default_study_bench(args.overrides, seeds)
+        study = run_default_study_bench(args.overrides, _seeds(args))
         return {"machine": machine_info(), **study}, default_study_table(study)
     if args.sampler_choice:
         arms = args.arms.split(",") if args.arms else list(SAMPLER_ARMS)
         kinds = args.studies.split(",") if args.studies else list(SAMPLER_STUDIES)
-        seeds = [int(s) for s in args.seeds.split(",")]
         partial = Path(f"{args.json or default_json_path(args)}.partial.jsonl")
         partial.parent.mkdir(parents=True, exist_ok=True)
-        choice = run_sampler_choice(args.overrides, seeds, arms, kinds, partial)
+        choice = run_sampler_choice(args.overrides, _seeds(args), arms, kinds, partial)
         return {"machine": machine_info(), **choice}, sampler_choice_table(choice)
     if args.report:
         timed = run_report_bench(args.rounds)
@@ -88,6 +85,10 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         return ablation, ablation_table(ablation)
     bench = run_benchmark(args)
     return bench, benchmark_table(bench)
+
+
+def _seeds(args: argparse.Namespace) -> list[int]:
+    return [int(s) for s in args.seeds.split(",")]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

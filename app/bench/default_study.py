@@ -27,24 +27,11 @@ study pays for probing and each batch size trains with the same micro-batch ever
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from app.bench.hpo import (
-    Goals,
-    Params,
-    StudyResult,
-    TrialRow,
-    children_cpu_s,
-    fatal_env,
-    run_study,
-)
-from app.bench.hpo_peers import WITHIN, reach_seconds
+from app.bench.hpo import Goals, Params, StudyResult, TrialRow, run_study
+from app.bench.hpo_peers import WITHIN, PeerSpec, reach_seconds, trainer_study
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -137,42 +124,12 @@ def _config(overrides: list[str]) -> TrainConfig:
 
 
 def run_trainer_study(seeded: list[str], seed: int) -> StudyResult:
-    import optuna
-    from optuna.storages.journal import JournalFileBackend
-
+    """The Trainer's hyperparameter_search with what it gets by default (TPE, seeded; Optuna's
+    median pruner), at the study's data budget."""
     samples = data_budget(seeded)
-    with tempfile.TemporaryDirectory(prefix="bench-hf-default-") as tmp:
-        journal = f"{tmp}/study.journal"
-        spec = {
-            "overrides": [*seeded, f"data.cache_dir={tmp}/cache"],
-            "tmp": tmp,
-            "journal": journal,
-            "n_trials": trials_of(seeded),
-            "seed": seed,
-            "sampler": "tpe",
-            "pruner": "median",
-            "samples": samples,
-        }
-        Path(tmp, "spec.json").write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "app.bench.hf_study", f"{tmp}/spec.json"]
-        started, started_at, cpu = time.perf_counter(), time.time(), children_cpu_s()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=fatal_env())
-        wall, cpu = time.perf_counter() - started, children_cpu_s() - cpu
-        if proc.returncode != 0:
-            raise SystemExit(f"Trainer study failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        storage = optuna.storages.JournalStorage(JournalFileBackend(journal))
-        trials = optuna.load_study(study_name="peer", storage=storage).get_trials()
-    rows = [_trainer_row(t, samples) for t in trials]
-    done = [r["value"] for r in rows if r["state"] == "COMPLETE" and r["value"] is not None]
-    return {
-        "wall_s": wall,
-        "started_at": started_at,
-        "cpu_s": cpu,
-        "states": {s: sum(r["state"] == s for r in rows) for s in {r["state"] for r in rows}},
-        "optimizer_steps": sum(r["steps"] for r in rows),
-        "best_value": min(done) if done else None,
-        "trials": rows,
-    }
+    spec: PeerSpec = {"n_trials": trials_of(seeded), "seed": seed, "sampler": "tpe",
+                      "pruner": "median", "samples": samples}  # fmt: skip
+    return trainer_study(seeded, spec, lambda t: _trainer_row(t, samples))
 
 
 def _trainer_row(t: FrozenTrial, samples: int) -> TrialRow:

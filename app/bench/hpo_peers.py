@@ -29,6 +29,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -65,15 +66,20 @@ class SamplerRun(TypedDict):
     goals: Goals
 
 
-class PeerSpec(TypedDict):
-    """What the Trainer's study runs (app/bench/hf_study.py reads it)."""
+class PeerSpec(TypedDict, total=False):
+    """What the Trainer's study runs (app/bench/hf_study.py reads it): its trials and seed, its
+    sampler (random, or tpe) and pruner (successive halving with `pruner_args`, or median), and
+    under a data budget the samples each trial trains; `trainer_study` adds the rest."""
 
+    n_trials: int
+    seed: int | None
+    sampler: str
+    pruner: str
+    pruner_args: dict[str, object]  # SuccessiveHalvingPruner's
+    samples: int
     overrides: list[str]
     tmp: str
     journal: str  # the study's journal file, read back here
-    n_trials: int
-    seed: int | None
-    pruner_args: dict[str, object]  # SuccessiveHalvingPruner's
 
 
 class PeersReport(TypedDict):
@@ -117,11 +123,6 @@ def run_sampler(extra: list[str], contenders: list[str]) -> SamplerRun:
 
 
 def run_trainer_study(extra: list[str], name: str) -> StudyResult:
-    import subprocess
-
-    import optuna
-    from optuna.storages.journal import JournalFileBackend
-
     cfg = _config(STUDY + extra)
     hpo, t = cfg.hpo, cfg.training
     micro = t.fixed_micro_batch
@@ -130,33 +131,42 @@ def run_trainer_study(extra: list[str], name: str) -> StudyResult:
             "--hpo-peers: the study needs hpo.n_trials, training.max_steps and a fixed "
             "training.micro_batch_size"
         )
-    pruner_args = _peer_pruner_args(name, t.eval_every, t.max_steps)
+    steps = t.max_steps
+    pruner_args = _peer_pruner_args(name, t.eval_every, steps)
+    spec: PeerSpec = {"n_trials": hpo.n_trials, "seed": hpo.seed, "pruner_args": pruner_args}
+    study = trainer_study([*STUDY, *extra], spec, lambda trial: _trainer_row(trial, steps, micro))
+    return {**study, "pruner_args": pruner_args}
+
+
+def trainer_study(
+    overrides: list[str], spec: PeerSpec, row: Callable[[FrozenTrial], TrialRow]
+) -> StudyResult:
+    """The Trainer's study (app/bench/hf_study.py) of `spec` on the config `overrides` compose,
+    in a process of its own; its trials as rows (`row`)."""
+    import subprocess
+
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
     with tempfile.TemporaryDirectory(prefix="bench-hf-study-") as tmp:
-        spec: PeerSpec = {
-            "overrides": [*STUDY, *extra, f"data.cache_dir={tmp}/cache"],
-            "tmp": tmp,
-            "journal": f"{tmp}/study.journal",
-            "n_trials": hpo.n_trials,
-            "seed": hpo.seed,
-            "pruner_args": pruner_args,
-        }
-        Path(tmp, "spec.json").write_text(json.dumps(spec))
+        journal = f"{tmp}/study.journal"
+        full: PeerSpec = {**spec, "overrides": [*overrides, f"data.cache_dir={tmp}/cache"],
+                          "tmp": tmp, "journal": journal}  # fmt: skip
+        Path(tmp, "spec.json").write_text(json.dumps(full))
         cmd = [sys.executable, "-m", "app.bench.hf_study", f"{tmp}/spec.json"]
         started, started_at, cpu = time.perf_counter(), time.time(), children_cpu_s()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=fatal_env())
         wall, cpu = time.perf_counter() - started, children_cpu_s() - cpu
         if proc.returncode != 0:
             raise SystemExit(f"Trainer study failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        storage = optuna.storages.JournalStorage(JournalFileBackend(spec["journal"]))
+        storage = optuna.storages.JournalStorage(JournalFileBackend(journal))
         trials = optuna.load_study(study_name="peer", storage=storage).get_trials()
-    rows = [_trainer_row(trial, t.max_steps, micro) for trial in trials]
-    values = [r["value"] for r in rows if r["state"] == "COMPLETE"]
-    done = [v for v in values if v is not None]
+    rows = [row(trial) for trial in trials]
+    done = [v for r in rows if r["state"] == "COMPLETE" and (v := r["value"]) is not None]
     return {
         "wall_s": wall,
         "started_at": started_at,
         "cpu_s": cpu,
-        "pruner_args": pruner_args,
         "states": {s: sum(r["state"] == s for r in rows) for s in {r["state"] for r in rows}},
         "optimizer_steps": sum(r["steps"] for r in rows),
         "best_value": min(done) if done else None,
