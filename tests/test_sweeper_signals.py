@@ -120,6 +120,10 @@ def test_sigterm_to_the_sweeper_between_trials_stops_the_worker_cleanly(tmp_path
     args = _args(tmp_path, 3, "fake.setup_sleep=1.5", "fake.step_sleep=0.05")
     worker = _start(tmp_path, args)
     _wait_for(tmp_path, lambda ts: len(ts) == 1)
+    started = tmp_path / "multirun" / "0" / ".hydra" / "config.yaml"  # the job has begun
+    while not started.exists():
+        time.sleep(0.05)
+    time.sleep(0.3)  # and is in its set-up: a signal before it began would keep it from running
     worker.send_signal(signal.SIGTERM)
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 128 + signal.SIGTERM, err[-2000:]
