@@ -18,6 +18,7 @@ import torch
 
 from app.engine.summary import Summary
 from tests.conftest import ROOT, TINY, run_cli
+from tests.exit_threads import EXIT_LINE
 
 pytestmark = pytest.mark.slow
 
@@ -34,10 +35,12 @@ GPT2 = [
 
 
 def torchrun(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m app.train ARGS` on 2 ranks (torchrun), one thread each."""
+    """`python -m app.train ARGS` on 2 ranks (torchrun), one thread each, each rank saying which
+    threads it leaves behind as it exits (tests/exit_threads.py)."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    train = ["-m", "tests.exit_threads", *args, f"hydra.run.dir={run_dir}"]
     return subprocess.run(
-        [*launcher, "--nproc_per_node=2", "-m", "app.train", *args, f"hydra.run.dir={run_dir}"],
+        [*launcher, "--nproc_per_node=2", *train],
         cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"},
         capture_output=True,
@@ -50,6 +53,12 @@ def completed(proc: subprocess.CompletedProcess, run_dir: Path) -> Summary:
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = Summary.read(run_dir)
     assert summary.status == "completed"
+    if "tests.exit_threads" in proc.args:
+        # No rank leaves a gloo thread to the interpreter's finalization, where one that frees
+        # a collective's tensor aborts the rank (SIGABRT) after the run has succeeded.
+        exits = [line for line in proc.stderr.splitlines() if line.startswith(EXIT_LINE)]
+        assert len(exits) == 2, proc.stderr[-3000:]
+        assert not [line for line in exits if "gloo" in line], exits
     return summary
 
 

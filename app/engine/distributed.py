@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import gc
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,3 +231,25 @@ def shutdown(info: DistInfo) -> None:
     stuck = info.peers_lost and info.backend != "gloo"
     if (info.enabled or info.owns_group) and dist.is_initialized() and not stuck:
         dist.destroy_process_group()
+        release_mesh_groups()
+
+
+def release_mesh_groups() -> None:
+    """The destroyed process groups, let go by every device mesh that still holds them. DTensor's
+    caches (sharding propagation, redistribution plans) keep FSDP's mesh, and the copies of it
+    that checkpointing makes, alive for the life of the process, and each mesh keeps its groups
+    in a registry; so destroy_process_group alone leaves gloo's worker threads running into the
+    interpreter's finalization, where a worker that frees a finished collective's tensor needs
+    the GIL that finalization no longer hands out, and the process aborts ("terminate called
+    without an active exception", SIGABRT: a resumed two-rank FSDP run now and then). Emptying
+    the registries frees the groups now, their threads joined while Python still serves them.
+    `_pg_registry` is DeviceMesh's own (torch has no public way to drop it): the exit test in
+    tests/test_fsdp.py checks that no gloo thread outlives a run, on the installed torch."""
+    if "torch.distributed.device_mesh" not in sys.modules:
+        return  # no mesh was ever made (DDP, one process)
+    from torch.distributed.device_mesh import DeviceMesh
+
+    for obj in gc.get_objects():
+        registry = getattr(obj, "_pg_registry", None) if isinstance(obj, DeviceMesh) else None
+        if isinstance(registry, dict):
+            registry.clear()
