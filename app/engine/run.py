@@ -4,6 +4,7 @@ test with fakes)."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,3 +131,15 @@ class Run:
     facts: ModelFacts = field(default_factory=ModelFacts)
     agreement: Agreement = field(default_factory=Agreement)  # ranks agreeing on OOMs
     noise: NoiseScale | None = None  # training.noise_scale: the gradient noise scale
+
+    def release_model(self) -> None:
+        """The model and its optimizer let go while the process group is registered (the run
+        ends with them). DDP's reducer dropped after the group would destroy it holding the GIL
+        that gloo's worker thread may need to free a finished collective's tensors (a hang at
+        exit, about 1 run in 10); FSDP's modules and the optimizer's DTensors hold the group
+        too, in reference cycles that only a collection frees. Once they are gone, shutdown()
+        frees the group and joins its threads while Python still serves them
+        (app/engine/distributed.py: release_mesh_groups)."""
+        del self.model, self.raw_model, self.optimizer, self.scheduler
+        if self.dist.enabled or self.dist.owns_group:
+            gc.collect()  # a full collection (~0.15 s): only where a process group holds it

@@ -367,7 +367,7 @@ def finish(
             observers.logger.close(summary.to_json())
     observers.reporter.set_attrs(trial_attrs(summary))
     if run is not None:
-        release_model(run, dist)
+        run.release_model()
     del run
     if torch.cuda.is_available():
         # Tensors held only by reference cycles (an OOM's traceback frames) go back to the
@@ -376,18 +376,6 @@ def finish(
         gc.collect()
         torch.cuda.empty_cache()
     shutdown(dist)
-
-
-def release_model(run: Run, dist: DistInfo) -> None:
-    """The model and its optimizer let go while the process group is registered. DDP's reducer
-    dropped after the group would destroy it holding the GIL that gloo's worker thread may need
-    to free a finished collective's tensors (a hang at exit, about 1 run in 10); FSDP's modules
-    and the optimizer's DTensors hold the group too (release_mesh_groups), in reference cycles
-    that only a collection frees. Once they are gone, shutdown() frees the group and joins its
-    threads while Python still serves them."""
-    del run.model, run.raw_model, run.optimizer, run.scheduler
-    if dist.enabled or dist.owns_group:
-        gc.collect()  # a full collection (~0.15 s): only where a process group holds the model
 
 
 def trial_attrs(summary: Summary) -> TrialAttrs:
