@@ -338,6 +338,16 @@ def test_every_argument_of_the_installed_sampler_is_reachable_through_sampler_ar
         _build("tpe", sampler_args={"n_startup": 3})
 
 
+def test_hpo_sampler_tpe_is_the_measured_tpe_whatever_the_optuna_version():
+    """hpo.sampler=tpe (the default study's): univariate, 10 start-up trials, constant liar,
+    as chosen by `python -m app.bench --sampler-choice`, on Optuna 4.x (whose TPE defaults
+    are univariate without constant liar) and 5 (multivariate with it) alike; sampler_args wins."""
+    tpe = _build("tpe")
+    assert (tpe._multivariate, tpe._constant_liar, tpe._n_startup_trials) == (False, True, 10)
+    mine = _build("tpe", sampler_args={"multivariate": True, "n_startup_trials": 5})
+    assert (mine._multivariate, mine._constant_liar, mine._n_startup_trials) == (True, True, 5)
+
+
 def test_the_stock_sampler_node_keeps_the_stock_fields():
     """hydra/sweeper/sampler=tpe is the stock config: univariate TPE, as that sweeper built it."""
     from hydra_plugins.hydratrain_optuna_sweeper.config import TPESamplerConfig
