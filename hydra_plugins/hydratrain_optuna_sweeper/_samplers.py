@@ -26,10 +26,8 @@ from .config import MOTPE_REMOVED, SAMPLERS
 ALIASES = {"nsga2": "nsgaii"}  # our earlier name
 # hpo.sampler's arguments where measurement chose them over Optuna's defaults (a key that
 # hpo.sampler_args sets wins). TPE: univariate, the start-up and constant liar as Optuna 5 has
-# them, whatever the installed Optuna's defaults; on the default study and the bench's study it
-# ended with a better best than Optuna 5's multivariate TPE (seed 0: 0.3086 against 0.3122 and
-# 1.277 against 1.507) and than GPSampler on the default study (`python -m app.bench
-# --sampler-choice`, docs/benchmarks.md "The default study's sampler").
+# them, whatever the installed Optuna's defaults; the figures that chose it, and the command that
+# measures them: docs/benchmarks.md, "The default study's sampler".
 MEASURED_ARGS: dict[str, dict[str, object]] = {
     "tpe": {"multivariate": False, "constant_liar": True, "n_startup_trials": 10},
 }
