@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.tiers import check_tiers, programs_refused
 
 # One thread per process: tests run several trainer processes at once on small machines, where
 # two OpenMP threads per process fight over the cores and every step slows down several times.
@@ -109,16 +110,20 @@ def lm_model(vocab: int = 64, **sizes: int):
     return MODELS.get(m.arch).build(m, TaskData(empty, empty, vocab, "test"), CausalLM())
 
 
-def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "app.train", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def train_here(*argv: str) -> dict:
+    """`python -m app.train ARGV` in this process (runpy does what `-m` does), as the fast tiers
+    may start no program: a finished run directory, `.hydra/` included, for tests to read.
+    Returns its summary."""
+    import json
+    import runpy
+
+    run_dir = next(a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir="))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "argv", ["app.train", *argv])
+        runpy.run_module("app.train", run_name="__main__", alter_sys=True)
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    assert summary["status"] == "completed", summary
+    return summary
 
 
 def save_tiny_gpt2(directory: Path, positions: int = 64, tokenizer: bool = True) -> Path:
@@ -156,9 +161,22 @@ def save_tiny_gpt2(directory: Path, positions: int = 64, tokenizer: bool = True)
 
 
 def pytest_collection_modifyitems(config, items):
+    check_tiers(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with programs_refused(item):  # the fixtures a test asks for are in its tier too
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with programs_refused(item):
+        return (yield)

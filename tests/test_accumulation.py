@@ -17,6 +17,8 @@ from app.engine.run import Run
 from app.engine.step import loss_sum, train_step
 from tests.conftest import lm_model
 
+pytestmark = pytest.mark.integration
+
 FP32 = PrecisionPlan("fp32", None, False, False, "test")
 
 

@@ -16,7 +16,10 @@ from app.engine.ranks import RankRecord, one_outcome, record_path
 from app.engine.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._asha import PAUSED
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
-from tests.conftest import run_cli, tiny
+from tests import procs
+from tests.conftest import tiny
+
+pytestmark = pytest.mark.e2e
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -57,7 +60,7 @@ def test_a_trial_is_paused_only_when_every_rank_paused_at_its_rung():
 def _sweep(tmp_path: Path, name: str, parallelism: str, pruner: str) -> optuna.Study:
     """A study of one trial (lr 0.01) as 2 ranks, in its own folder."""
     out = tmp_path / name
-    result = run_cli(
+    result = procs.train(
         "-m",
         "hpo=optuna",
         # Dropout: the RNG state is part of the trajectory, so a resume that lost it (on any

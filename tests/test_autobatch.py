@@ -22,6 +22,8 @@ from app.engine.summary import Summary
 from tests.conftest import AUTO_TINY
 from tests.fakes import Attempts, RecordingLM
 
+pytestmark = pytest.mark.integration
+
 
 def tiny_cfg(cache: Path, *overrides: str, base: list[str] = AUTO_TINY):
     return load_config(compose("train", [*base, f"data.cache_dir={cache}", *overrides]))

@@ -22,7 +22,9 @@ import optuna
 import pytest
 import torch
 
-from tests.conftest import TINY, run_cli, save_tiny_gpt2
+from tests.conftest import TINY, save_tiny_gpt2, train_here
+
+pytestmark = pytest.mark.integration
 
 RESUME = "training.resume=auto"
 # (id, overrides, text the error line must hold). {tmp} is the test's scratch directory.
@@ -188,8 +190,7 @@ def _snapshot(*paths: Path) -> dict[str, str]:
 def finished_run(tmp_path_factory) -> Path:
     """A completed run directory, as Hydra and the trainer leave it (checkpoint included)."""
     base = tmp_path_factory.mktemp("finished")
-    proc = run_cli(*TINY, f"data.cache_dir={base / 'cache'}", f"hydra.run.dir={base / 'run'}")
-    assert proc.returncode == 0, proc.stderr
+    train_here(*TINY, f"data.cache_dir={base / 'cache'}", f"hydra.run.dir={base / 'run'}")
     return base
 
 
@@ -406,6 +407,7 @@ def read_only_dir(tmp_path) -> Path:
         subprocess.run(["umount", str(target)])
 
 
+@pytest.mark.e2e
 def test_a_read_only_output_directory_is_one_line(read_only_dir, tmp_path, monkeypatch, capsys):
     argv = [*TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={read_only_dir}/run"]
     code, _, err = _invoke(argv, monkeypatch, capsys)

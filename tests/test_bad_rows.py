@@ -14,7 +14,10 @@ from app.components.data.labelled import load_labelled
 from app.components.data.rows import expand_paths, file_set, read_files
 from app.components.data.tokens import load_token_data
 from app.config import ConfigError, DataConfig, load_config
-from tests.conftest import compose, resolved, run_cli
+from tests import procs
+from tests.conftest import compose, resolved
+
+pytestmark = pytest.mark.unit
 
 WORDS = ["the", "cat", "dog", "eats", "fish", "runs", "at", "night", "red", "small"]
 
@@ -192,10 +195,11 @@ def test_a_directory_in_paths_suggests_a_glob(tmp_path):
         expand_paths([str(tmp_path)])
 
 
+@pytest.mark.e2e
 def test_invalid_jsonl_on_the_command_line_is_one_error_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a"\n')
-    proc = run_cli(
+    proc = procs.train(
         "data=hf_text",
         f"data.paths=[{bad}]",
         "data.seq_len=32",

@@ -7,7 +7,10 @@ import pytest
 import yaml
 
 from app.studies.batch_size import BatchTrial, analyse, plot, samples_to
-from tests.conftest import ROOT, run_cli
+from tests import procs
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
 
 S_MIN, B_CRIT = 100.0, 24.0
 E_MIN = S_MIN * B_CRIT
@@ -95,11 +98,12 @@ def test_the_plot_is_written(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_the_batch_size_study_runs_and_answers(tmp_path):
     """`+sweeps=batch_size` as shipped, shrunk to a 2 x 2 grid of short runs."""
     sweep = tmp_path / "sweep"
-    proc = run_cli(
+    proc = procs.train(
         "-m",
         "+sweeps=batch_size",
         "model.n_layer=1",
@@ -134,8 +138,9 @@ def test_the_batch_size_study_runs_and_answers(tmp_path):
     assert "<td>probed</td>" in report or "<td>cached</td>" in report  # each trial's batch plan
 
 
+@pytest.mark.e2e
 def test_the_batch_size_study_needs_a_sample_budget(tmp_path):
-    proc = run_cli(
+    proc = procs.train(
         "-m",
         "+sweeps=batch_size",
         "training.max_samples=null",

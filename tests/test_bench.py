@@ -15,6 +15,8 @@ from app.bench import profiles, schedule, workers
 from app.bench.clock import StepClock
 from app.bench.report import add_ratios, aggregate, benchmark_table
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -159,6 +161,7 @@ def _bench_cli(tmp_path: Path, profile: str) -> tuple[subprocess.CompletedProces
     return proc, report, rows
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_bench_command_end_to_end(tmp_path: Path) -> None:
     proc, report, rows = _bench_cli(tmp_path, "smoke")
@@ -209,6 +212,7 @@ def test_classification_worker_in_process(tmp_path: Path, contender: str) -> Non
     assert math.isfinite(result["final_loss"])
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_bench_command_classification_end_to_end(tmp_path: Path) -> None:
     proc, _, rows = _bench_cli(tmp_path, "smoke_nli")
@@ -268,6 +272,7 @@ def test_the_fleet_bench_counts_trials_by_worker_and_the_lone_worker_as_lone() -
     assert _by_worker([trial(0), trial(1), trial(0)]) == {"0": 2, "1": 1}
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_report_bench_times_the_command_and_a_warm_process_against_its_imports() -> None:
     from app.bench.study_report import report_bench_table, run_report_bench

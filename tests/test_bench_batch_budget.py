@@ -3,7 +3,11 @@ figures (the bench itself runs for half an hour)."""
 
 from __future__ import annotations
 
+import pytest
+
 from app.bench.batch_budget import batch_budget_table, goals
+
+pytestmark = pytest.mark.unit
 
 
 def _seed(samples_gap: float, sqrt_gap: float, curve: float | None, noise: float | None):

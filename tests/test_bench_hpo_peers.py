@@ -15,6 +15,8 @@ from app.bench.hpo_peers import (
     reach_steps,
 )
 
+pytestmark = pytest.mark.unit
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from app.bench import parallel
 
+pytestmark = pytest.mark.unit
+
 SPEED = {  # tokens/s by (parallelism, agreement)
     ("one", True): 1000.0,
     ("ddp", True): 900.0,

@@ -20,7 +20,10 @@ from app.engine.run import Observers
 from app.engine.runner import run_training
 from app.engine.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._samplers import EvalSchedule, build_pruner
+from tests import procs
 from tests.conftest import ROOT, compose, config, tiny
+
+pytestmark = pytest.mark.integration
 
 # 96 samples; every count written in steps of batch 8: warm-up over 32 samples, an evaluation
 # and a checkpoint every 32, a log point every 16.
@@ -288,7 +291,6 @@ def test_every_shipped_study_that_searches_the_batch_has_a_budget_in_data(name):
 def _default_study(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, list]:
     """`-m hpo=optuna` as shipped (its space, sampler, pruner, data budget) on the tiny model,
     its first two trials at batch 16 and 64, every trial run to its end."""
-    from tests.conftest import run_cli
 
     budget_keys = ("training.max_steps", "training.eval_every", "training.warmup_steps")
     fixed = [
@@ -297,7 +299,7 @@ def _default_study(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedPro
         if not o.startswith(("training.effective_batch_size", *budget_keys))
     ]
     journal = tmp_path / "study.journal"
-    proc = run_cli(
+    proc = procs.train(
         "-m",
         "hpo=optuna",
         *fixed,
@@ -317,6 +319,7 @@ def _default_study(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedPro
     return proc, sorted(trials, key=lambda t: t.params["training.effective_batch_size"])
 
 
+@pytest.mark.e2e
 def test_the_default_study_trains_batches_16_and_64_on_the_same_data_and_judges_them_there(
     tmp_path,
 ):
@@ -332,6 +335,7 @@ def test_the_default_study_trains_batches_16_and_64_on_the_same_data_and_judges_
     assert "compared at equal steps" not in out and "WARNING" not in out
 
 
+@pytest.mark.e2e
 def test_a_step_budget_on_the_study_command_replaces_the_data_budget_and_says_so(tmp_path):
     proc, (small, large) = _default_study(tmp_path, "training.max_steps=20")
     assert (small.user_attrs["samples_seen"], large.user_attrs["samples_seen"]) == (320, 1280)

@@ -16,6 +16,8 @@ from app.engine.runner import run_training
 from app.engine.summary import Summary
 from tests.conftest import AUTO_TINY
 
+pytestmark = pytest.mark.integration
+
 
 def tiny_cfg(cache, *overrides: str):
     return load_config(compose("train", [*AUTO_TINY, f"data.cache_dir={cache}", *overrides]))

@@ -24,7 +24,10 @@ from app.engine.run import Run
 from app.engine.runner import run_training
 from app.engine.step import train_step
 from app.engine.summary import Summary
-from tests.conftest import config, run_cli
+from tests import procs
+from tests.conftest import config
+
+pytestmark = pytest.mark.integration
 
 FP32 = PrecisionPlan("fp32", None, False, False, "test")
 # The tiny NLI experiment, shrunk to seconds on two shared cores.
@@ -236,13 +239,12 @@ def test_an_oom_at_micro_batch_1_ends_in_status_oom(tmp_path):
     assert Summary.read(tmp_path / "run").status == "oom"
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_an_accuracy_study_samples_the_batch_scores_accuracy_and_prunes_an_oom(tmp_path):
     """The issue's command, shrunk: trials sample the effective batch, each trial's value is its
     validation accuracy (maximized), and a trial that runs out of memory even at micro-batch 1
     is PRUNED with reason oom while the study goes on."""
-    import subprocess
-    import sys
 
     import optuna
 
@@ -266,10 +268,7 @@ def test_an_accuracy_study_samples_the_batch_scores_accuracy_and_prunes_an_oom(t
         f"hydra.sweeper.params={space}",
         f"hydra.sweep.dir={tmp_path}/multirun",
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "app.train", *cmd], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    procs.run([*procs.TRAIN, *cmd], timeout=600, check=True)
     study = optuna.load_study(study_name="nli", storage=journal(f"{tmp_path}/study.journal"))
     assert study.direction == optuna.study.StudyDirection.MAXIMIZE
     trials = study.get_trials()
@@ -368,14 +367,16 @@ def test_a_saved_dataset_dict_with_class_labels_and_its_own_validation_split(tmp
         (["task.label_smoothing=1.0"], "task.label_smoothing=1.0 must be"),
     ],
 )
+@pytest.mark.e2e
 def test_bad_classification_input_is_one_line_before_training(extra, needle, tmp_path):
-    proc = run_cli(*nli(tmp_path, *extra), f"hydra.run.dir={tmp_path / 'run'}")
+    proc = procs.train(*nli(tmp_path, *extra), f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.e2e
 def test_an_empty_split_is_one_line(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "train.jsonl").write_text(
@@ -386,6 +387,6 @@ def test_an_empty_split_is_one_line(tmp_path):
         f"data.paths=[{tmp_path}/train.jsonl]",
         f"data.val_paths=[{tmp_path}/empty.jsonl]",
     ]
-    proc = run_cli(*nli(tmp_path, *extra), f"hydra.run.dir={tmp_path / 'run'}")
+    proc = procs.train(*nli(tmp_path, *extra), f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode == 2, proc.stderr
     assert "validation" in proc.stderr and "Traceback" not in proc.stderr

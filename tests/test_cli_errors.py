@@ -8,7 +8,10 @@ import torch
 from app.cli.preflight import one_line, split_argv
 from app.config import ConfigError, load_config
 from app.engine.summary import Summary
-from tests.conftest import compose, run_cli, tiny
+from tests import procs
+from tests.conftest import compose, tiny
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize(
@@ -95,7 +98,7 @@ def test_split_argv_skips_hydra_flags_and_multirun():
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
-    proc = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path}")
+    proc = procs.train(*args, f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
@@ -107,10 +110,10 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 def test_cuda_preset_without_cuda(tmp_path):
-    shown = run_cli("gpu=rtx4090", "precision=bf16", "--cfg", "job")
+    shown = procs.train("gpu=rtx4090", "precision=bf16", "--cfg", "job")
     assert shown.returncode == 0, shown.stderr
     assert "name: rtx4090" in shown.stdout and "name: bf16" in shown.stdout
-    proc = run_cli("gpu=rtx4090", "precision=bf16", f"hydra.run.dir={tmp_path}")
+    proc = procs.train("gpu=rtx4090", "precision=bf16", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert lines == [lines[0]] and "gpu=rtx4090 needs a CUDA device" in lines[0]
@@ -123,7 +126,7 @@ def test_corrupt_checkpoint_on_resume_is_one_line_and_untouched(tmp_path):
     ckpt_dir.mkdir(parents=True)
     bad = ckpt_dir / "step_00000004.pt"
     bad.write_bytes(b"not a checkpoint")
-    proc = run_cli(*tiny(tmp_path), "training.resume=auto", f"hydra.run.dir={tmp_path / 'run'}")
+    proc = procs.train(*tiny(tmp_path), "training.resume=auto", f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode == 2, proc.stderr
     assert "training.resume: checkpoint" in proc.stderr and "unreadable" in proc.stderr
     assert bad.read_bytes() == b"not a checkpoint"
@@ -132,7 +135,9 @@ def test_corrupt_checkpoint_on_resume_is_one_line_and_untouched(tmp_path):
 
 @pytest.mark.slow
 def test_out_of_memory_even_at_micro_batch_1_is_one_line(tmp_path):
-    proc = run_cli(*tiny(tmp_path, "faults.oom_above_micro_batch=0"), f"hydra.run.dir={tmp_path}/r")
+    proc = procs.train(
+        *tiny(tmp_path, "faults.oom_above_micro_batch=0"), f"hydra.run.dir={tmp_path}/r"
+    )
     assert proc.returncode == 1, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: out of memory at micro-batch 1")

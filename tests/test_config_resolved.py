@@ -16,6 +16,8 @@ from app.engine import checkpoint as ckpt
 from app.engine.batch.plan import EVAL_FACTOR, eval_micro_size
 from tests.conftest import config
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("setting", "fixed"),

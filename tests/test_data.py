@@ -25,6 +25,8 @@ from app.components.data.tokens import load_token_data
 from app.config import ConfigError, DataConfig
 from tests.conftest import resolved
 
+pytestmark = pytest.mark.unit
+
 
 def make_cfg(tmp_path: Path, **overrides):
     overrides.setdefault("builtin_num_docs", 400)

@@ -12,7 +12,10 @@ import torch
 from app.components.tasks.causal_lm import CausalLM
 from app.engine import checkpoint as ckpt
 from app.engine.summary import Summary
-from tests.conftest import ROOT, run_cli, tiny
+from tests import procs
+from tests.conftest import ROOT, tiny
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.slow
@@ -25,7 +28,7 @@ def test_two_ranks_match_one_process(tmp_path):
         "training.max_steps=4",
         "training.eval_every=2",
     )
-    single = run_cli(*args, f"hydra.run.dir={tmp_path / 'single'}")
+    single = procs.train(*args, f"hydra.run.dir={tmp_path / 'single'}")
     assert single.returncode == 0, single.stderr[-2000:]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ddp = subprocess.run(

@@ -13,7 +13,10 @@ import torch
 
 from app.core.outcomes import WriteFailed
 from app.engine import checkpoint as ckpt
-from tests.conftest import run_cli, tiny
+from tests import procs
+from tests.conftest import tiny
+
+pytestmark = pytest.mark.e2e
 
 
 def _state(step: int) -> ckpt.TrainState:
@@ -67,7 +70,7 @@ def small_filesystem(tmp_path):
 @pytest.mark.slow
 def test_a_run_that_fills_its_filesystem_ends_in_one_line(tmp_path, small_filesystem):
     run_dir = small_filesystem / "run"
-    proc = run_cli(
+    proc = procs.train(
         *tiny(tmp_path, "training.checkpoint_every=2", "training.keep_checkpoints=3"),
         f"hydra.run.dir={run_dir}",
     )

@@ -19,6 +19,8 @@ from app.engine.runner import run_training
 from app.engine.summary import Summary
 from tests.conftest import ROOT, config, tiny
 
+pytestmark = pytest.mark.integration
+
 ALLOC_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
 

@@ -17,7 +17,10 @@ from app.cli.export import EXPORT_FILES, EXPORT_MARKER
 from app.engine import checkpoint as ckpt
 from app.engine.runner import run_training
 from app.engine.summary import Summary
-from tests.conftest import ROOT, TINY, config, run_cli, tiny
+from tests import procs
+from tests.conftest import TINY, config, tiny, train_here
+
+pytestmark = pytest.mark.integration
 
 FILES = {
     "config.json",
@@ -89,8 +92,7 @@ def transformers_only(script: str, *args: str, cwd: Path) -> dict:
 def finished(tmp_path_factory) -> Path:
     """A completed tiny run through the real entrypoint (so it has .hydra/ too)."""
     base = tmp_path_factory.mktemp("export")
-    proc = run_cli(*TINY, f"data.cache_dir={base / 'cache'}", f"hydra.run.dir={base / 'run'}")
-    assert proc.returncode == 0, proc.stderr
+    train_here(*TINY, f"data.cache_dir={base / 'cache'}", f"hydra.run.dir={base / 'run'}")
     return base / "run"
 
 
@@ -109,6 +111,7 @@ def _same_export(a: Path, b: Path) -> None:
         assert json.loads((a / name).read_text()) == json.loads((b / name).read_text()), name
 
 
+@pytest.mark.e2e
 def test_a_run_leaves_a_model_that_transformers_alone_loads_and_generates_with(finished, tmp_path):
     model_dir = finished / "model"
     assert {p.name for p in model_dir.iterdir()} >= FILES
@@ -140,6 +143,7 @@ def test_training_continues_from_the_export(finished, tmp_path):
     assert summary.warnings == []
 
 
+@pytest.mark.e2e
 def test_app_export_writes_the_same_files_from_the_checkpoint(finished, tmp_path):
     out = tmp_path / "again"
     proc = _export(str(finished), "--out", str(out))
@@ -147,6 +151,7 @@ def test_app_export_writes_the_same_files_from_the_checkpoint(finished, tmp_path
     _same_export(finished / "model", out)
 
 
+@pytest.mark.e2e
 def test_an_old_checkpoint_without_its_config_exports_from_its_run_dir(finished, tmp_path):
     run = shutil.copytree(finished, tmp_path / "run", ignore=shutil.ignore_patterns("model"))
     path = ckpt.list_checkpoints(run / "checkpoints")[-1]
@@ -160,6 +165,7 @@ def test_an_old_checkpoint_without_its_config_exports_from_its_run_dir(finished,
     _same_export(finished / "model", run / "model")
 
 
+@pytest.mark.e2e
 def test_an_earlier_checkpoint_does_not_replace_the_final_export(finished, tmp_path):
     run = shutil.copytree(finished, tmp_path / "run")
     latest = ckpt.list_checkpoints(run / "checkpoints")[-1]
@@ -179,6 +185,7 @@ def test_an_earlier_checkpoint_does_not_replace_the_final_export(finished, tmp_p
         ("garbage.pt", "is not a readable checkpoint (a step_*.pt this trainer writes"),
     ],
 )
+@pytest.mark.e2e
 def test_app_export_bad_input_is_one_line_and_exit_2(target, needle, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
@@ -315,6 +322,7 @@ def test_a_run_saves_its_tokenizer_and_each_checkpoint_names_it(bpe_run):
         assert torch.load(path, weights_only=True)["tokenizer_sha256"] == fingerprint_json(saved)
 
 
+@pytest.mark.e2e
 def test_the_export_pairs_the_weights_with_the_runs_tokenizer_after_the_data_changed(
     bpe_run, changed_data, tmp_path
 ):
@@ -323,6 +331,7 @@ def test_the_export_pairs_the_weights_with_the_runs_tokenizer_after_the_data_cha
     _same_export(bpe_run / "run" / "model", run / "model")
 
 
+@pytest.mark.e2e
 def test_the_export_needs_no_data_when_the_run_saved_its_tokenizer(bpe_run, tmp_path):
     run = _bpe_copy(bpe_run, tmp_path)
     corpus = bpe_run / "corpus.txt"
@@ -362,14 +371,8 @@ def test_without_its_tokenizer_or_its_data_the_export_says_it_needs_the_data(
 
 
 def _export(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "app.export", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    return procs.run(
+        [procs.PY, "-m", "app.export", *args], env=procs.environment(HF_HUB_OFFLINE="1")
     )
 
 
@@ -448,6 +451,7 @@ def test_a_wrapped_model_exports_its_plain_weights(tmp_path, monkeypatch):
 # --- classification ---------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_classifier_export_loads_with_auto_model_for_sequence_classification(tmp_path):
     from app.components.tasks import build_task

@@ -22,10 +22,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 from hydra_plugins.hydratrain_optuna_sweeper._study import counted
+from tests import procs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
-FAKE = [sys.executable, str(ROOT / "tests" / "fake_app" / "fake_train.py"), "-m", "hpo=optuna"]
+FAKE = [*procs.FAKE, "-m", "hpo=optuna"]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 

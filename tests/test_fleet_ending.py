@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from hydra_plugins.hydratrain_optuna_sweeper import _worker
 from hydra_plugins.hydratrain_optuna_sweeper._worker import END_LOOK, Worker
+
+pytestmark = pytest.mark.unit
 
 
 class SpentBudget:

@@ -19,6 +19,8 @@ from hydra_plugins.hydratrain_optuna_sweeper._fleet_plan import (
     seeded_for_worker,
 )
 
+pytestmark = pytest.mark.unit
+
 EIGHT = [str(i) for i in range(8)]
 
 

@@ -8,8 +8,11 @@ import logging
 from datetime import datetime, timedelta
 
 import optuna
+import pytest
 
 from hydra_plugins.hydratrain_optuna_sweeper._fleet import TrialTicker
+
+pytestmark = pytest.mark.unit
 
 
 def test_the_ticker_prints_the_trials_finished_since_the_fleet_started(caplog):

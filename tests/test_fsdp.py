@@ -8,19 +8,18 @@ timeout, so a rank left in a collective fails the test instead of blocking the s
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from app.engine.summary import Summary
-from tests.conftest import ROOT, TINY, run_cli
+from tests import procs
+from tests.conftest import TINY
 from tests.exit_threads import EXIT_LINE
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 LAUNCH_TIMEOUT = 300  # seconds: a hang fails the test
 # Two blocks (FSDP shards each), 16 samples per step (8 per rank), checkpoints at 3 and 6.
@@ -37,15 +36,10 @@ GPT2 = [
 def torchrun(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m app.train ARGS` on 2 ranks (torchrun), one thread each, each rank saying which
     threads it leaves behind as it exits (tests/exit_threads.py)."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     train = ["-m", "tests.exit_threads", *args, f"hydra.run.dir={run_dir}"]
-    return subprocess.run(
-        [*launcher, "--nproc_per_node=2", *train],
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"},
-        capture_output=True,
-        text=True,
-        timeout=LAUNCH_TIMEOUT,
+    env = procs.environment(OMP_NUM_THREADS="1")
+    return procs.run(
+        [*procs.TORCHRUN, "--nproc_per_node=2", *train], env=env, timeout=LAUNCH_TIMEOUT
     )
 
 
@@ -121,7 +115,7 @@ def ddp2(base) -> tuple[Path, Summary]:
 @pytest.fixture(scope="module")
 def single(base) -> tuple[Path, Summary]:
     run_dir = base / "single"
-    proc = run_cli(*args(base), f"hydra.run.dir={run_dir}")
+    proc = procs.train(*args(base), f"hydra.run.dir={run_dir}")
     return run_dir, completed(proc, run_dir)
 
 
@@ -182,7 +176,7 @@ def test_fsdp_trains_the_classifier_as_one_process(base):
         "training.progress_bar=false",
         f"data.cache_dir={base / 'cache'}",
     ]
-    one = completed(run_cli(*nli, f"hydra.run.dir={base / 'nli1'}"), base / "nli1")
+    one = completed(procs.train(*nli, f"hydra.run.dir={base / 'nli1'}"), base / "nli1")
     two = torchrun(base / "nli2", *nli, "training.parallelism=fsdp")
     fsdp = completed(two, base / "nli2")
     assert fsdp.final_val["loss"] == pytest.approx(one.final_val["loss"], rel=1e-5)
@@ -220,13 +214,15 @@ def test_a_sharded_checkpoint_resumes_on_one_process_and_one_on_two(base, fsdp2)
     start = run_dir / "checkpoints" / "step_00000003"
     one_dir = base / "resumed21"
     one = completed(
-        run_cli(*args(base, f"training.resume={start}"), f"hydra.run.dir={one_dir}"), one_dir
+        procs.train(*args(base, f"training.resume={start}"), f"hydra.run.dir={one_dir}"), one_dir
     )
     assert one.resumed_from_step == 3 and one.steps == 6
     assert one.final_val["loss"] == pytest.approx(summary.final_val["loss"], rel=1e-4)
     # FSDP in one process writes sharded checkpoints (one shard); two ranks resume them.
     fsdp1 = base / "fsdp1"
-    completed(run_cli(*args(base, "training.parallelism=fsdp"), f"hydra.run.dir={fsdp1}"), fsdp1)
+    completed(
+        procs.train(*args(base, "training.parallelism=fsdp"), f"hydra.run.dir={fsdp1}"), fsdp1
+    )
     two_dir = base / "resumed12"
     resume = f"training.resume={fsdp1 / 'checkpoints' / 'step_00000003'}"
     two = completed(torchrun(two_dir, *args(base, "training.parallelism=fsdp", resume)), two_dir)

@@ -17,6 +17,8 @@ from app.core.outcomes import TrainingOOM
 from app.engine.batch.plan import BatchPlan, eval_padding, fixed_plan
 from tests.conftest import TINY, config
 
+pytestmark = pytest.mark.integration
+
 
 def test_every_rank_runs_as_many_micro_batches_as_the_largest_share():
     # 9 samples over 2 ranks: shares 5 and 4.

@@ -36,6 +36,8 @@ from hydra_plugins.hydratrain_optuna_sweeper._gpu_share import (
 from hydra_plugins.hydratrain_optuna_sweeper._space import largest_point
 from tests.test_fleet import _args, _no_stray_processes, _start, _trials, _wait_for
 
+pytestmark = pytest.mark.e2e
+
 __all__ = ["_no_stray_processes"]  # the fleet tests' clean-up runs after these too
 
 GIB = 2**30

@@ -20,6 +20,8 @@ from app.gpu_suite.runner import run_command
 from app.gpu_suite.steps import STEPS
 from app.gpu_suite.suite import Step, run_steps
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 

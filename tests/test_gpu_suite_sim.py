@@ -18,6 +18,8 @@ from app.gpu_suite.context import StepContext, Suite
 from app.gpu_suite.steps import STEPS
 from app.gpu_suite.suite import run_steps
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 CARD = 80 * 2**30
 NVML = ["gpu_utilization_pct", "gpu_memory_used_mb", "gpu_power_w", "gpu_temperature_c"]

@@ -16,6 +16,8 @@ from app.components.hardware.devices import (
 from app.components.hardware.precision import resolve_precision
 from app.config import ConfigError, GpuConfig
 
+pytestmark = pytest.mark.unit
+
 
 def _cuda(name: str, cc: tuple[int, int], preset: str) -> DeviceInfo:
     presets = load_presets()

@@ -12,6 +12,8 @@ from conftest import ROOT, config, tiny
 
 from app.components.hardware import host_malloc
 
+pytestmark = pytest.mark.e2e
+
 glibc_only = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
     reason="mallopt is glibc's",

@@ -16,6 +16,8 @@ from app.config import ConfigError, DataConfig
 from app.engine.runner import run_training
 from tests.conftest import config, resolved, tiny
 
+pytestmark = pytest.mark.unit
+
 # Learnable text in one column, and a decoy column that must never be read.
 DECOY = "~~decoy~~"
 

@@ -11,6 +11,8 @@ import torch
 from app.bench import lockstep, profiles, schedule
 from app.bench.clock import StepClock
 
+pytestmark = pytest.mark.e2e
+
 # A worker: ready, then `steps` steps, each appending "<name> <step>" to a shared file.
 WORKER = """
 import sys

@@ -12,6 +12,8 @@ from app.config import ConfigError
 from app.engine.runner import run_training
 from tests.conftest import config, lm_model, tiny
 
+pytestmark = pytest.mark.integration
+
 LLAMA = [
     "model=llama_small",
     "model.n_layer=1",

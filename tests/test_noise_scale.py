@@ -17,6 +17,8 @@ from app.engine.summary import Summary
 from tests.conftest import config, tiny
 from tests.test_accumulation import _run, _tiny_model_and_blocks
 
+pytestmark = pytest.mark.integration
+
 
 def _noisy_gradients(steps: int, small: int, big: int, d: int, sigma: float, seed: int):
     """Per-sample gradients G + N(0, sigma^2 I): tr(Sigma) = d sigma^2, |G|^2 = 1. Each step

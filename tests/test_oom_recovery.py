@@ -19,6 +19,8 @@ from app.engine.summary import Summary
 from tests.conftest import AUTO_TINY
 from tests.fakes import Attempts, MicroBatchFrom, RecordingLM
 
+pytestmark = pytest.mark.integration
+
 
 def tiny_cfg(cache: Path, *overrides: str):
     return load_config(compose("train", [*AUTO_TINY, f"data.cache_dir={cache}", *overrides]))

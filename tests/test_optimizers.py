@@ -14,6 +14,8 @@ from app.engine.runner import run_training
 from app.engine.start_checks import GIB, check_model_fits
 from tests.conftest import compose, config, lm_model, tiny
 
+pytestmark = pytest.mark.integration
+
 GPT2_SMALL = ["model=gpt2_small", "data.tokenizer=train", "data.tokenizer_vocab_size=50257"]
 
 

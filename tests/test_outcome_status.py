@@ -12,6 +12,8 @@ from app.core.outcomes import Diverged, Preempted, Pruned, TrainingOOM, WriteFai
 from app.hpo import Status, status_of
 from hydra_plugins.hydratrain_optuna_sweeper._outcomes import from_exception
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("exc", "status", "state", "reason"),

@@ -14,6 +14,9 @@ import pytest
 from optuna.trial import TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from tests import procs
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "tests" / "own_app" / "own_app.py"
@@ -32,8 +35,7 @@ def _sweep(tmp_path: Path, node: str, *extra: str) -> subprocess.CompletedProces
         f"hydra.sweep.dir={tmp_path / 'multirun'}",
         *extra,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return procs.run(cmd, cwd=tmp_path)
 
 
 def _launchers() -> list[object]:

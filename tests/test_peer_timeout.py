@@ -13,10 +13,6 @@ ranks failed (the first to fail decides), are checked without processes.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import optuna
 import pytest
 import torch
@@ -28,7 +24,10 @@ from app.engine.distributed import DistInfo
 from app.engine.peers import PeersLost, answering_peers
 from app.engine.ranks import RankRecord, one_outcome, record_path
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
-from tests.conftest import ROOT, TINY, run_cli, tiny
+from tests import procs
+from tests.conftest import TINY, tiny
+
+pytestmark = pytest.mark.e2e
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -39,7 +38,7 @@ HANG = ["faults.hang_rank=1", f"training.peer_timeout_s={BOUND_S}"]
 
 @pytest.mark.slow
 def test_a_rank_that_stops_answering_ends_its_trial_within_the_bound(tmp_path):
-    result = run_cli(
+    result = procs.train(
         "-m",
         "hpo=optuna",
         *tiny(tmp_path),
@@ -78,15 +77,17 @@ def test_a_rank_that_stops_answering_ends_its_trial_within_the_bound(tmp_path):
 def test_a_torchrun_run_ends_with_the_same_line(tmp_path):
     """Plain torchrun: the waiting rank ends the run with the line and status 1; torchrun's
     agent then stops the lost rank (SIGTERM, SIGKILL 30 s later)."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     args = [*TINY, f"data.cache_dir={tmp_path / 'cache'}", "faults.hang_step=2", *HANG]
-    proc = subprocess.run(
-        [*launcher, "--nproc_per_node=2", "-m", "app.train", *args, f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"},
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = procs.run(
+        [
+            *procs.TORCHRUN,
+            "--nproc_per_node=2",
+            "-m",
+            "app.train",
+            *args,
+            f"hydra.run.dir={tmp_path}",
+        ],
+        env=procs.environment(OMP_NUM_THREADS="1"),
     )
     assert proc.returncode != 0
     assert f"error: {LINE}\n" in proc.stderr, proc.stderr[-3000:]

@@ -16,7 +16,10 @@ import torch
 from app.core.preemption import StopRequest, stop_on_signals
 from app.engine import checkpoint as ckpt
 from app.engine.summary import Summary
+from tests import procs
 from tests.conftest import ROOT, tiny
+
+pytestmark = pytest.mark.e2e
 
 # Long enough that the signal lands mid-run; dropout makes the RNG state part of the trajectory.
 LONG = ("training.max_steps=400", "training.checkpoint_every=0", "model.dropout=0.1")
@@ -24,14 +27,7 @@ LONG = ("training.max_steps=400", "training.checkpoint_every=0", "model.dropout=
 
 def _start(tmp_path: Path, run: str, *extra: str) -> subprocess.Popen:
     args = [*tiny(tmp_path, *LONG), f"hydra.run.dir={tmp_path / run}", *extra]
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.train", *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return procs.start([*procs.TRAIN, *args])
 
 
 def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:

@@ -10,7 +10,10 @@ import pytest
 from app.components.data.tokens import load_token_data
 from app.config import ConfigError
 from app.engine.runner import run_training
-from tests.conftest import compose, config, run_cli, save_tiny_gpt2, tiny
+from tests import procs
+from tests.conftest import compose, config, save_tiny_gpt2, tiny
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -54,19 +57,21 @@ def _one_line(proc) -> str:
     return lines[0]
 
 
+@pytest.mark.e2e
 def test_seq_len_beyond_the_checkpoints_positions_is_one_line_before_work(gpt2_bpe, tmp_path):
     run_dir = tmp_path / "run"
     args = tiny(tmp_path, "model=pretrained", f"model.path={gpt2_bpe}", "data.seq_len=128")
-    line = _one_line(run_cli(*args, f"hydra.run.dir={run_dir}"))
+    line = _one_line(procs.train(*args, f"hydra.run.dir={run_dir}"))
     assert "data.seq_len=128 exceeds the 64 positions of model.path=" in line
     assert not run_dir.exists() and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.e2e
 def test_text_files_default_seq_len_against_a_short_checkpoint_is_one_line(gpt2_bpe, tmp_path):
     # data=text_files asks for 512 tokens: this once ended in an IndexError inside the model.
     (tmp_path / "a.txt").write_text("the cat sat on the mat\n\na dog and the cat\n")
     args = ["gpu=cpu", "model=pretrained", f"model.path={gpt2_bpe}", "data=text_files"]
-    proc = run_cli(*args, f"data.paths=[{tmp_path}/a.txt]", f"hydra.run.dir={tmp_path / 'run'}")
+    proc = procs.train(*args, f"data.paths=[{tmp_path}/a.txt]", f"hydra.run.dir={tmp_path / 'run'}")
     assert "data.seq_len=512 exceeds the 64 positions" in _one_line(proc)
     assert not (tmp_path / "run").exists()
 
@@ -79,8 +84,9 @@ def test_a_sweep_trial_is_refused_by_the_same_check(gpt2_bpe, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.e2e
 def test_a_tokenizer_larger_than_the_embeddings_is_one_line(gpt2_bpe, tmp_path):
     args = tiny(tmp_path, "model=pretrained", f"model.path={gpt2_bpe}", "data.tokenizer=train")
-    line = _one_line(run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}"))
+    line = _one_line(procs.train(*args, f"hydra.run.dir={tmp_path / 'run'}"))
     assert "data.tokenizer=train makes 2048 token ids" in line
     assert "use the model's own tokenizer" in line

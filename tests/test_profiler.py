@@ -11,6 +11,8 @@ from app.config import ConfigError, load_config
 from app.engine.runner import run_training
 from tests.conftest import TINY, compose, config, tiny
 
+pytestmark = pytest.mark.integration
+
 # The meter reads a clock of the test's own: each step moves it by TICK, a profiled one by
 # SLOW, and nothing else does. What is counted is then exact, whatever the machine's load.
 TICK = 1.0

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests import procs
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -71,10 +73,9 @@ def test_each_training_command_composes_and_types(args):
     load_config(compose(inv.config_name, _overrides(inv)))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("module", ["app.export", "app.gpu_suite", "app.report"])
 def test_the_other_commands_answer(module):
     flag = "--list" if module == "app.gpu_suite" else "--help"
-    proc = subprocess.run(
-        [sys.executable, "-m", module, flag], cwd=ROOT, capture_output=True, text=True
-    )
+    proc = procs.run([procs.PY, "-m", module, flag])
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -15,6 +15,8 @@ import pytest
 from app.engine.summary import Summary
 from app.hpo import RUN_METRICS, TrialAttrs, objectives
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -67,6 +69,7 @@ def _readers(field: str) -> set[str]:
     shutil.which("mypy") is None and not Path(sys.executable).with_name("mypy").exists(),
     reason="needs mypy",
 )
+@pytest.mark.e2e
 def test_renaming_a_summary_field_is_caught_by_the_type_checker_at_every_reader(tmp_path):
     """Summary.tokens_per_sec renamed in a copy of the code: mypy reports every line that reads
     it, the runner, the loop, the report, the bench and the GPU suite alike."""

@@ -6,6 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 TOP = ("app", "hydra_plugins", "conf", "sweeps", "tests", "docs", "scripts", "docker", ".ci")
 # A path: a top-level folder, then name characters; `...` and `*` stand for any part (globbed),

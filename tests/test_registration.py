@@ -20,6 +20,8 @@ from app.config import ConfigError
 from app.engine.start_checks import shape_keys
 from tests.conftest import config
 
+pytestmark = pytest.mark.unit
+
 TAGGER = Head("token tagging", "a token tagger")
 RANKED = SampleKind("ranked pairs")
 

@@ -27,6 +27,8 @@ from hydra_plugins.hydratrain_optuna_sweeper._report import (
     write_sweep_report,
 )
 
+pytestmark = pytest.mark.integration
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0)
 LR = {"lr": FloatDistribution(1e-4, 1e-1, log=True)}

@@ -9,7 +9,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -18,10 +17,11 @@ import pytest
 from app.studies.report.page import PLOTS
 from hydra_plugins.hydratrain_optuna_sweeper._report import study_record
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from tests import procs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
-FAKE = [sys.executable, str(ROOT / "tests" / "fake_app" / "fake_train.py"), "-m", "hpo=optuna"]
+FAKE = [*procs.FAKE, "-m", "hpo=optuna"]
 SCREENSHOT = ROOT / "outputs" / "test-artifacts" / "report.png"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -14,6 +14,8 @@ from app.engine import checkpoint as ckpt
 from app.engine.runner import run_training
 from tests.conftest import config, tiny
 
+pytestmark = pytest.mark.integration
+
 
 def _final_params(run_dir) -> dict[str, torch.Tensor]:
     return torch.load(ckpt.list_checkpoints(run_dir / "checkpoints")[-1], weights_only=True)[

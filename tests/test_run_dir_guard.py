@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from app.core import run_dir_guard
 from app.core.run_dir_guard import RunDirSnapshot
+
+pytestmark = pytest.mark.unit
 
 
 def _finished(root: Path) -> None:

@@ -10,6 +10,8 @@ from app.engine.runner import run_training
 from app.engine.summary import Summary
 from tests.conftest import config, tiny
 
+pytestmark = pytest.mark.integration
+
 SUMMARY_KEYS = {
     "status",
     "steps",

@@ -47,6 +47,8 @@ from hydra_plugins.hydratrain_optuna_sweeper._study import (
     fail_stale_trials,
 )
 
+pytestmark = pytest.mark.integration
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 HPO_NODE = StockOptions(stock_node=False)  # hpo=optuna's node: every stock key unset
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -30,9 +29,12 @@ from hydra_plugins.hydratrain_optuna_sweeper._study import (
     counted,
     requeue,
 )
+from tests import procs
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-FAKE = [sys.executable, str(ROOT / "tests" / "fake_app" / "fake_train.py"), "-m", "hpo=optuna"]
+FAKE = [*procs.FAKE, "-m", "hpo=optuna"]
 LIVE = Liveness(
     heartbeat_interval=15, stale_after=120, retry_stale=0, wait_for_running=True, poll_interval=1
 )
@@ -218,13 +220,8 @@ def _args(tmp_path: Path, n: int, *extra: str) -> list[str]:
 
 
 def _run(tmp_path: Path, args: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [*FAKE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
-    )
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    env = procs.environment(out=tmp_path)
+    return procs.run([*FAKE, *args], env=env, timeout=240, check=check)
 
 
 def _trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
@@ -236,6 +233,7 @@ def _summary(t: optuna.trial.FrozenTrial) -> dict:
     return json.loads(Path(t.user_attrs["run_dir"], "summary.json").read_text())
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_study_pauses_promotes_and_resumes_its_trials(tmp_path):
     """Fake schedule: evaluations every 5 steps to 20, rungs at 5 and 15. The enqueued order
@@ -262,6 +260,7 @@ def test_a_study_pauses_promotes_and_resumes_its_trials(tmp_path):
             assert t.value == t.intermediate_values[max(t.intermediate_values)]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_paused_trial_outlives_its_worker_and_another_worker_promotes_it(tmp_path):
     """Worker A pauses trials 0 and 1 at the first rung, then dies inside trial 2 (like kill
@@ -299,6 +298,7 @@ def test_asha_refuses_a_job_config_that_cannot_resume_in_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_two_workers_at_once_promote_each_paused_trial_once(tmp_path):
     # The best first: it is paused at the first rung (fewer than 3 there) and promoted later.

@@ -4,8 +4,6 @@ its pause wrote and ends exactly where the same trial run without a pause ends."
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -16,8 +14,9 @@ from app.engine.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._asha import PAUSED
 from hydra_plugins.hydratrain_optuna_sweeper._lineage import root
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from tests import procs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 # 6 steps evaluated every 2: one rung, at step 2. Dropout makes the RNG state part of the
 # trajectory, so a resume that lost it would end elsewhere.
@@ -51,15 +50,7 @@ def _sweep(tmp_path: Path, name: str, *extra: str) -> list[optuna.trial.FrozenTr
         *TINY,
         *extra,
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "app.train", "-m", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    procs.run([*procs.TRAIN, "-m", *args], env=env, timeout=400, check=True)
     storage = journal(str(out / "study.journal"))
     return optuna.load_study(study_name="t", storage=storage).get_trials()
 

@@ -16,6 +16,8 @@ import pytest
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 from tests.conftest import TINY
 
+pytestmark = pytest.mark.integration
+
 # (id, overrides, text the error line must hold)
 CASES = [
     (

@@ -20,6 +20,8 @@ from hydra_plugins.hydratrain_optuna_sweeper._settings import Liveness
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 from hydra_plugins.hydratrain_optuna_sweeper._study import StudyBudget, counted
 
+pytestmark = pytest.mark.unit
+
 WORKERS = 8
 N_TRIALS = 3
 LIVE = Liveness(

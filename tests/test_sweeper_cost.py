@@ -4,9 +4,6 @@ configuration cost over its whole line of trials (a paused and promoted one incl
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -20,9 +17,12 @@ from hydra_plugins.hydratrain_optuna_sweeper._lineage import root
 from hydra_plugins.hydratrain_optuna_sweeper._settings import Liveness, StockOptions, read_settings
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 from hydra_plugins.hydratrain_optuna_sweeper._study import StudyBudget
+from tests import procs
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
-FAKE = [sys.executable, str(ROOT / "tests" / "fake_app" / "fake_train.py"), "-m", "hpo=optuna"]
+FAKE = [*procs.FAKE, "-m", "hpo=optuna"]
 LIVE = Liveness(
     heartbeat_interval=15, stale_after=120, retry_stale=0, wait_for_running=True, poll_interval=1
 )
@@ -69,11 +69,8 @@ def _fake(tmp_path: Path, *args: str) -> tuple[list[optuna.trial.FrozenTrial], s
         f"hydra.sweep.dir={tmp_path}/multirun",
         "hpo.tensorboard=false",
     ]
-    env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [*FAKE, *base, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = procs.environment(out=tmp_path)
+    proc = procs.run([*FAKE, *base, *args], env=env, timeout=240, check=True)
     study = optuna.load_study(study_name="t", storage=journal(str(tmp_path / "study.journal")))
     return study.get_trials(), proc.stdout + proc.stderr
 
@@ -132,16 +129,8 @@ def test_the_real_trainer_records_its_device_seconds_and_a_study_can_minimize_th
         "data.seq_len=64",
         "hydra.sweeper.params={training.effective_batch_size:'choice(8, 16)'}",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "app.train", "-m", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = procs.environment(OMP_NUM_THREADS="1")
+    procs.run([*procs.TRAIN, "-m", *args], env=env, timeout=400, check=True)
     study = optuna.load_study(study_name="t", storage=journal(str(tmp_path / "study.journal")))
     assert [d.name for d in study.directions] == ["MINIMIZE", "MINIMIZE"]
     for t in study.get_trials():

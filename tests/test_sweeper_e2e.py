@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,11 +18,12 @@ from optuna.trial import TrialState
 from hydra_plugins.hydratrain_optuna_sweeper._lineage import UNCOUNTED
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 from hydra_plugins.hydratrain_optuna_sweeper._study import counted
+from tests import procs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
-FAKE = [sys.executable, str(ROOT / "tests" / "fake_app" / "fake_train.py"), "-m"]
-REAL = [sys.executable, "-m", "app.train", "-m"]
+FAKE = [*procs.FAKE, "-m"]
+REAL = [*procs.TRAIN, "-m"]
 # A tiny model, a few seconds per trial on a CPU.
 TINY = [
     "gpu=cpu",
@@ -43,9 +43,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    env["HYDRATRAIN_CACHE"] = str(tmp_path / "cache")
-    return env
+    return procs.environment(out=tmp_path, HYDRATRAIN_CACHE=str(tmp_path / "cache"))
 
 
 def _args(tmp_path: Path, n: int, *extra: str) -> list[str]:
@@ -60,17 +58,7 @@ def _args(tmp_path: Path, n: int, *extra: str) -> list[str]:
 
 
 def _run(cmd: list[str], tmp_path: Path, *args: str, check: bool = True, timeout: int = 240):
-    proc = subprocess.run(
-        cmd + list(args),
-        cwd=ROOT,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    return procs.run([*cmd, *args], env=_env(tmp_path), timeout=timeout, check=check)
 
 
 def _trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -24,9 +23,12 @@ from hydra_plugins.hydratrain_optuna_sweeper._companion import (
 )
 from hydra_plugins.hydratrain_optuna_sweeper._samplers import build_pruner
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from tests import procs
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
-FAKE = [sys.executable, str(ROOT / "tests" / "fake_app" / "fake_train.py"), "-m", "hpo=optuna"]
+FAKE = [*procs.FAKE, "-m", "hpo=optuna"]
 REPORTER = "hydra_plugins.hydratrain_optuna_sweeper.reporter.reporter_for_job"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 MEDIAN = {"n_startup_trials": 3, "n_warmup_steps": 1}

@@ -12,7 +12,10 @@ from app.engine.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._checks import check_objectives
 from hydra_plugins.hydratrain_optuna_sweeper._settings import StockOptions, read_settings
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
-from tests.conftest import compose, run_cli
+from tests import procs
+from tests.conftest import compose
+
+pytestmark = pytest.mark.integration
 
 TINY_SWEEP = [
     "gpu=cpu",
@@ -65,8 +68,9 @@ def test_a_null_direction_is_the_metrics_own(metric, direction, expected):
         ("final_train_loss", ["hpo.direction=maximize"], "MAXIMIZE"),  # a maximized loss
     ],
 )
+@pytest.mark.e2e
 def test_each_trial_value_is_the_metric_asked_for(metric, extra, direction, tmp_path):
-    proc = run_cli(
+    proc = procs.train(
         "-m",
         "hpo=optuna",
         *TINY_SWEEP,

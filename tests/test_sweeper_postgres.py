@@ -4,9 +4,7 @@ trial, and a password in the storage URL that appears in nothing the sweep print
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,11 +14,11 @@ import pytest
 from optuna.trial import TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper._storage import STORAGE_ENV, with_driver
-from tests import pg_server
+from tests import pg_server, procs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
-FAKE = [sys.executable, str(ROOT / "tests" / "fake_app" / "fake_train.py"), "-m", "hpo=optuna"]
+FAKE = [*procs.FAKE, "-m", "hpo=optuna"]
 # The real trainer, tiny and quick: a few seconds per trial.
 TINY = [
     "gpu=cpu",
@@ -48,13 +46,6 @@ def pg():
     pg_server.stop(server)
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`python -m app.train ARGS`, with `env` added to this process's environment."""
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
-    cmd = [sys.executable, "-m", "app.train", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-
-
 def _trials(url: str, study: str) -> list[optuna.trial.FrozenTrial]:
     storage = optuna.storages.RDBStorage(with_driver(url, "test"))
     return optuna.load_study(study_name=study, storage=storage).get_trials()
@@ -62,7 +53,7 @@ def _trials(url: str, study: str) -> list[optuna.trial.FrozenTrial]:
 
 def test_the_readme_command_works_as_written(pg, tmp_path):
     """`hpo.storage=postgresql://USER:PASS@HOST/optuna` with the `postgres` extra installed."""
-    proc = run_cli(
+    proc = procs.train(
         "-m",
         "hpo=optuna",
         f"hpo.storage={pg.url}",
@@ -81,10 +72,8 @@ def test_the_readme_command_works_as_written(pg, tmp_path):
 
 
 def _fake(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT), **(env or {})}
     cmd = [*FAKE, "hpo.tensorboard=false", *args]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    return procs.start(cmd, env=procs.environment(out=tmp_path, **(env or {})))
 
 
 def test_a_database_restart_mid_trial_does_not_fail_the_trial(pg, tmp_path):
@@ -134,7 +123,7 @@ def test_no_password_in_anything_a_sweep_prints_or_writes(how, pg, tmp_path):
         f"hpo.storage={pg.url}" if how == "command line" else "hpo.storage=${oc.env:OPTUNA_STORAGE}"
     )
     study = f"secret_{how.replace(' ', '_')}"
-    proc = run_cli(
+    proc = procs.train(
         "-m",
         "hpo=optuna",
         given,

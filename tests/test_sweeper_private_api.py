@@ -15,6 +15,8 @@ from optuna.trial import TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper import _private as private
 
+pytestmark = pytest.mark.unit
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 

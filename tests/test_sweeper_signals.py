@@ -5,7 +5,6 @@ the rerun, and SIGTERM reaching the sweeper itself stops the worker after its tr
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,10 +18,11 @@ from optuna.trial import TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
 from hydra_plugins.hydratrain_optuna_sweeper._study import counted
+from tests import procs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
-FAKE = [sys.executable, str(ROOT / "tests" / "fake_app" / "fake_train.py"), "-m", "hpo=optuna"]
+FAKE = [*procs.FAKE, "-m", "hpo=optuna"]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -40,9 +40,7 @@ def _args(tmp_path: Path, n: int, *extra: str) -> list[str]:
 
 
 def _start(tmp_path: Path, args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([*FAKE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return procs.start([*FAKE, *args], env=procs.environment(out=tmp_path))
 
 
 def _trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
@@ -150,10 +148,7 @@ def _train_sweep(tmp_path: Path, *extra: str) -> subprocess.Popen:
         f"hpo.storage={tmp_path}/study.journal", f"hydra.sweep.dir={tmp_path}/multirun",
         *extra,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    return procs.start(cmd)
 
 
 def test_a_stop_whose_trial_cannot_save_still_stops_the_sweep(tmp_path):

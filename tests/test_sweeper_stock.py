@@ -46,7 +46,7 @@ from hydra_plugins.hydratrain_optuna_sweeper import _space
 from hydra_plugins.hydratrain_optuna_sweeper.config import MOTPESamplerConfig
 from hydra_plugins.hydratrain_optuna_sweeper.optuna_sweeper import OptunaSweeper
 
-pytestmark = mark.slow
+pytestmark = [mark.integration, mark.slow]
 PLUGIN_ROOT = Path(__file__).resolve().parent / "stock_optuna"
 
 
@@ -169,6 +169,7 @@ def test_launch_jobs(hydra_sweep_runner: TSweepRunner) -> None:
         assert sweep.returns is None
 
 
+@mark.e2e
 @mark.parametrize("with_commandline", (True, False))
 def test_optuna_example(with_commandline: bool, tmpdir: Path) -> None:
     storage = "sqlite:///" + os.path.join(str(tmpdir), "test.db")
@@ -211,6 +212,7 @@ def test_optuna_example(with_commandline: bool, tmpdir: Path) -> None:
     assert returns["best_value"] <= 2.27
 
 
+@mark.e2e
 @mark.parametrize("num_trials", (10, 1))
 def test_example_with_grid_sampler(
     tmpdir: Path,
@@ -246,6 +248,7 @@ def test_example_with_grid_sampler(
     assert bz in ["foo", "bar"]
 
 
+@mark.e2e
 @mark.parametrize("with_commandline", (True, False))
 def test_optuna_multi_objective_example(with_commandline: bool, tmpdir: Path) -> None:
     cmd = [
@@ -289,6 +292,7 @@ def _dominates(values_x: List[float], values_y: List[float]) -> bool:
     )
 
 
+@mark.e2e
 def test_optuna_custom_search_space_example(tmpdir: Path) -> None:
     max_z_difference_from_x = 0.3
     cmd = [
@@ -311,6 +315,7 @@ def test_optuna_custom_search_space_example(tmpdir: Path) -> None:
     assert 0 <= w <= 1
 
 
+@mark.e2e
 @mark.parametrize("max_failure_rate", (0.5, 1.0))
 def test_failure_rate(max_failure_rate: float, tmpdir: Path) -> None:
     cmd = [
@@ -345,6 +350,7 @@ def test_motpe_sampler_removed() -> None:
         )
 
 
+@mark.e2e
 def test_example_with_removed_motpe(
     tmpdir: Path,
 ) -> None:

@@ -23,10 +23,12 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from tests import procs
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "stock_configs"
-FAKE_TRAIN = ROOT / "tests" / "fake_app" / "fake_train.py"
 FAKE_STOCK = ROOT / "tests" / "fake_stock_plugin"  # a regular package of the stock's name
 STOCK_EXAMPLES = ROOT / "tests" / "stock_optuna"
 STOCK_CLASS = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
@@ -42,18 +44,14 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 def _run(
     cmd: list[str], tmp_path: Path, cwd: Path = ROOT, path: tuple[Path, ...] = (ROOT,)
 ) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "FAKE_OUT": str(tmp_path),
-        "PYTHONPATH": os.pathsep.join(str(p) for p in path),
-    }
+    env = procs.environment(out=tmp_path, path=path)
     env.pop("HYDRA_DEPRECATION_WARNINGS_AS_ERRORS", None)
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return procs.run(cmd, cwd=cwd, env=env)
 
 
 def fake(tmp_path: Path, *args: str, path: tuple[Path, ...] = (ROOT,)):
     """python tests/fake_app/fake_train.py -m --config-dir tests/stock_configs ARGS"""
-    cmd = [sys.executable, str(FAKE_TRAIN), "-m", "--config-dir", str(CONFIGS), *args]
+    cmd = [*procs.FAKE, "-m", "--config-dir", str(CONFIGS), *args]
     return _run(cmd, tmp_path, path=path)
 
 
@@ -248,7 +246,7 @@ def _first_trial_reporting(storage: str, timeout: float = 60) -> None:
 
 @pytest.mark.slow
 def test_a_worker_stopped_before_any_trial_completed_ends_with_its_signal_status(tmp_path):
-    cmd = [sys.executable, str(FAKE_TRAIN), "-m", *_hpo_study(tmp_path), "hpo.n_trials=2"]
+    cmd = [*procs.FAKE, "-m", *_hpo_study(tmp_path), "hpo.n_trials=2"]
     cmd += ["hpo.pruner=none", "fake.step_sleep=0.3"]  # 5 evaluations: 1.5 s a trial
     env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
     worker = subprocess.Popen(

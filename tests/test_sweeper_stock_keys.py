@@ -18,8 +18,9 @@ from hydra.test_utils.test_utils import run_process
 from omegaconf import OmegaConf
 
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from tests import procs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 STOCK = ROOT / "tests" / "stock_optuna"
 # As the stock tests run them: warnings are errors, but for Hydra's own warning about the
@@ -196,7 +197,7 @@ def test_rejected_keys_are_one_line(args, needle, tmp_path):
 
 # -- the same keys beside hpo=optuna (the fake trainer) ----------------------------------------
 
-FAKE = [sys.executable, str(ROOT / "tests" / "fake_app" / "fake_train.py"), "-m", "hpo=optuna"]
+FAKE = [*procs.FAKE, "-m", "hpo=optuna"]
 
 
 def fake(tmp_path: Path, *args: str) -> str:

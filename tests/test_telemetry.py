@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +15,9 @@ from app.engine.distributed import DistInfo
 from app.engine.metering import Throughput, Window, log_window
 from app.engine.summary import Summary
 from app.engine.telemetry import flops_per_token, mfu
+from tests import procs
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -221,14 +222,10 @@ runpy.run_module("app.train", run_name="__main__")
         ["--help"],
     ],
 )
+@pytest.mark.e2e
 def test_printing_the_config_loads_neither_torch_nor_transformers(args) -> None:
     """What makes `--cfg job` and `--help` answer at once (docs/benchmarks.md, start-up):
     composing and checking the config imports no torch, no transformers."""
-    proc = subprocess.run(
-        [sys.executable, "-c", IMPORTS_AT_EXIT, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    proc = procs.run([procs.PY, "-c", IMPORTS_AT_EXIT, *args])
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "loaded:", proc.stderr

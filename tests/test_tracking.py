@@ -4,8 +4,6 @@ plan; every run is one tracker run, finished however it ends; a missing library 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,10 @@ from app.components.tracking.base import Sink
 from app.core.outcomes import TrainingOOM
 from app.engine.runner import run_training
 from app.engine.telemetry import RunLogger
-from tests.conftest import ROOT, TINY, compose, config, tiny
+from tests import procs
+from tests.conftest import TINY, compose, config, tiny
+
+pytestmark = pytest.mark.integration
 
 
 def logged(run_dir: Path, key: str) -> list[tuple[int, float]]:
@@ -111,6 +112,7 @@ def test_each_run_is_its_own_wandb_run_and_a_failed_one_is_finished(tracked):
     assert steps == [1, 2]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
 def test_a_tracker_whose_library_is_missing_is_one_line_before_work(tmp_path, tracker):
     run_dir = tmp_path / "run"
@@ -119,9 +121,7 @@ def test_a_tracker_whose_library_is_missing_is_one_line_before_work(tmp_path, tr
         f"import runpy, sys; sys.modules[{tracker!r}] = None; sys.argv = ['app.train', *{args!r}]; "
         "runpy.run_module('app.train', run_name='__main__', alter_sys=True)"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    proc = procs.run([procs.PY, "-c", code])
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1

@@ -11,9 +11,10 @@ from optuna.trial import TrialState
 
 from app.engine.ranks import RankRecord, record_path
 from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
-from tests.conftest import run_cli, tiny
+from tests import procs
+from tests.conftest import tiny
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 GOOD, BAD = 0.01, 1e-6  # a learning rate that learns in 3 steps, and one that does not
@@ -25,7 +26,7 @@ QUEUE = (
 
 
 def test_each_trial_runs_as_two_ranks_with_one_owner_and_one_state(tmp_path):
-    result = run_cli(
+    result = procs.train(
         "-m",
         "hpo=optuna",
         *tiny(tmp_path, "training.warmup_steps=0"),
