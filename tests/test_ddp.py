@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -13,7 +9,7 @@ from app.components.tasks.causal_lm import CausalLM
 from app.engine import checkpoint as ckpt
 from app.engine.summary import Summary
 from tests import procs
-from tests.conftest import ROOT, tiny
+from tests.conftest import tiny
 
 pytestmark = pytest.mark.e2e
 
@@ -30,26 +26,9 @@ def test_two_ranks_match_one_process(tmp_path):
     )
     single = procs.train(*args, f"hydra.run.dir={tmp_path / 'single'}")
     assert single.returncode == 0, single.stderr[-2000:]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ddp = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "app.train",
-            *args,
-            f"hydra.run.dir={tmp_path / 'ddp'}",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    ranks = [*procs.TORCHRUN, "--nproc_per_node=2", "-m", "app.train", *args]
+    env = procs.environment(OMP_NUM_THREADS="1")
+    procs.run([*ranks, f"hydra.run.dir={tmp_path / 'ddp'}"], env=env, timeout=600, check=True)
     summary = Summary.read(tmp_path / "ddp")
     assert summary.world_size == 2 and summary.effective_batch_size == 9
     assert summary.status == "completed"

@@ -66,9 +66,7 @@ _STARTED: list[list[subprocess.Popen]] = []
 
 
 def _start(tmp_path: Path, args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([*FAKE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = procs.start([*FAKE, *args], env=procs.environment(out=tmp_path))
     _STARTED[-1].append(proc)
     return proc
 

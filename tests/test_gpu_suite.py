@@ -19,6 +19,7 @@ from app.gpu_suite.context import StepContext, Suite
 from app.gpu_suite.runner import run_command
 from app.gpu_suite.steps import STEPS
 from app.gpu_suite.suite import Step, run_steps
+from tests import procs
 
 pytestmark = pytest.mark.e2e
 
@@ -27,13 +28,7 @@ PY = sys.executable
 
 
 def suite_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PY, "-m", "app.gpu_suite", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return procs.run([PY, "-m", "app.gpu_suite", *args], timeout=timeout)
 
 
 def load(out: Path) -> dict:

@@ -6,9 +6,7 @@ installs) driven by Playwright; without either the browser test skips with one l
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import optuna
@@ -48,9 +46,7 @@ def _sweep(tmp_path: Path, trials: list[tuple[float, int]], *extra: str):
         "fake.error_above_lr=9e-3",
         *extra,
     ]
-    env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    return subprocess.run([*FAKE, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=240)  # fmt: skip
+    return procs.run([*FAKE, *args], env=procs.environment(out=tmp_path), timeout=240)
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ completed trials alone."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import optuna
@@ -117,11 +115,7 @@ def test_a_two_objective_study_prunes_a_hopeless_trial_and_keeps_its_pareto_fron
         "++hpo.pruner_args={n_startup_trials:3,n_warmup_steps:1}",
         f"hpo.enqueue=[{enqueue}]",
     ]
-    env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [*FAKE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    procs.run([*FAKE, *args], env=procs.environment(out=tmp_path), timeout=240, check=True)
     storage = journal(str(tmp_path / "study.journal"))
     main = optuna.load_study(study_name="t", storage=storage).get_trials()
     assert [t.state for t in main] == [TrialState.COMPLETE] * 3 + [TrialState.PRUNED] + [
