@@ -59,6 +59,7 @@ def mlflow_runs(tmp: Path) -> dict[str, object]:
     return client, {Path(r.data.tags["run_dir"]).name: r for r in runs}
 
 
+@pytest.mark.e2e  # `tracked` runs W&B, whose service is a program (wandb-core)
 def test_mlflow_run_has_the_scalars_config_and_plan(tracked):
     client, runs = mlflow_runs(tracked)
     run = runs["done"]
@@ -73,6 +74,7 @@ def test_mlflow_run_has_the_scalars_config_and_plan(tracked):
     assert run.info.status == "FINISHED" and run.data.tags["status"] == "completed"
 
 
+@pytest.mark.e2e  # `tracked` runs W&B, whose service is a program (wandb-core)
 def test_each_run_is_its_own_mlflow_run_and_a_failed_one_is_closed(tracked):
     client, runs = mlflow_runs(tracked)
     assert set(runs) == {"done", "oom"}
@@ -87,6 +89,7 @@ def wandb_file(run_dir: Path) -> Path:
     return found
 
 
+@pytest.mark.e2e  # `tracked` runs W&B, whose service is a program (wandb-core)
 def test_wandb_offline_run_has_the_scalars_config_and_plan(tracked):
     from tests import wandb_reader
 
@@ -102,6 +105,7 @@ def test_wandb_offline_run_has_the_scalars_config_and_plan(tracked):
     assert wandb_reader.exit_code(path) == 0
 
 
+@pytest.mark.e2e  # `tracked` runs W&B, whose service is a program (wandb-core)
 def test_each_run_is_its_own_wandb_run_and_a_failed_one_is_finished(tracked):
     from tests import wandb_reader
 
