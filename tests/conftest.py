@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import ROOT as ROOT  # where tests find the checkout (one home: procs)
 from tests.tiers import check_tiers, programs_refused
 
 # One thread per process: tests run several trainer processes at once on small machines, where
@@ -26,7 +27,6 @@ platform.processor()
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-ROOT = Path(__file__).resolve().parent.parent
 
 # Small enough that a whole run takes a few seconds on two shared cores.
 TINY = [

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,8 +22,7 @@ from tests import procs
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
-PY = sys.executable
+ROOT, PY = procs.ROOT, procs.PY
 
 
 def suite_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
