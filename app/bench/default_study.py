@@ -27,6 +27,8 @@ study pays for probing and each batch size trains with the same micro-batch ever
 
 from __future__ import annotations
 
+import json
+import sys
 import tempfile
 from typing import TYPE_CHECKING, TypedDict
 
@@ -66,7 +68,7 @@ class DefaultStudyReport(TypedDict):
 def run_default_study_bench(extra: list[str], seeds: list[int]) -> DefaultStudyReport:
     with tempfile.TemporaryDirectory(prefix="bench-default-") as shared:
         common = [*STUDY, f"training.auto_batch.cache_dir={shared}/autobatch", *extra]
-        grid = run_study([*common, *GRID])
+        grid = _logged("grid", run_study([*common, *GRID]))
         best = grid["best_value"]
         if best is None:
             raise SystemExit("--default-study: no run of the grid completed")
@@ -77,9 +79,9 @@ def run_default_study_bench(extra: list[str], seeds: list[int]) -> DefaultStudyR
 def _seed_run(common: list[str], seed: int, grid_best: float) -> SeedRun:
     seeded = [*common, f"hpo.seed={seed}"]
     studies = {
-        "none": run_study([*seeded, "hpo.pruner=none"]),
-        "default": run_study(seeded),
-        "trainer": run_trainer_study(seeded, seed),
+        "none": _logged(f"seed {seed} none", run_study([*seeded, "hpo.pruner=none"])),
+        "default": _logged(f"seed {seed} default", run_study(seeded)),
+        "trainer": _logged(f"seed {seed} trainer", run_trainer_study(seeded, seed)),
     }
     done = [t for t in studies["default"]["trials"] if t["state"] == "COMPLETE"]
     pick = min(done, key=lambda t: t["value"] or float("inf"))["params"] if done else {}
@@ -91,6 +93,13 @@ def _seed_run(common: list[str], seed: int, grid_best: float) -> SeedRun:
         "pick_retrained": retrained,
         "goals": goals(studies, retrained, grid_best),
     }
+
+
+def _logged(name: str, result: StudyResult) -> StudyResult:
+    """Each study's result on stderr as it ends: a bench of hours keeps what it measured if it
+    is stopped before its table."""
+    print(f"{name}: {json.dumps(result, default=str)}", file=sys.stderr, flush=True)
+    return result
 
 
 def _retrain(seeded: list[str], pick: Params) -> float | None:
