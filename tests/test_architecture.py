@@ -178,7 +178,7 @@ def test_the_fleet_is_given_what_it_needs_not_the_sweeper():
     node is read once, by the settings."""
     import dataclasses
 
-    from hydra_plugins.hydratrain_optuna_sweeper._fleet_run import Fleet
+    from hydra_plugins.hydratrain_optuna_sweeper._sweep._fleet_run import Fleet
 
     given = [
         f.name for f in dataclasses.fields(Fleet) if f.init and f.default is dataclasses.MISSING
@@ -187,5 +187,5 @@ def test_the_fleet_is_given_what_it_needs_not_the_sweeper():
     # ...and what it starts itself: a local fleet's worker processes, none when made.
     assert [f.name for f in dataclasses.fields(Fleet) if f.name not in given] == ["workers"]
     plugin = ROOT / "hydra_plugins" / "hydratrain_optuna_sweeper"
-    readers = {p.name for p in plugin.glob("*.py") if "read_hpo(" in p.read_text()}
+    readers = {p.name for p in plugin.rglob("*.py") if "read_hpo(" in p.read_text()}
     assert readers == {"_settings.py"}, readers

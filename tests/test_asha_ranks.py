@@ -14,8 +14,8 @@ from optuna.trial import TrialState
 from app.core.outcomes import Paused, RunOutcome, Status
 from app.engine.ranks import RankRecord, one_outcome, record_path
 from app.engine.summary import Summary
-from hydra_plugins.hydratrain_optuna_sweeper._asha import PAUSED
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._asha import PAUSED
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 from tests.conftest import tiny
 

@@ -349,7 +349,7 @@ SWEEP_CASES = [
 @pytest.fixture
 def study(tmp_path) -> Path:
     """An existing study with one finished trial, in the journal file a sweep would share."""
-    from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+    from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 
     path = tmp_path / "study.journal"
     existing = optuna.create_study(study_name="s", storage=journal(str(path)))

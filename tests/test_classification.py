@@ -248,7 +248,7 @@ def test_an_accuracy_study_samples_the_batch_scores_accuracy_and_prunes_an_oom(t
 
     import optuna
 
-    from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+    from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 
     batch = "training.effective_batch_size:'choice(8, 16)'"
     space = f"{{{batch},faults.oom_above_micro_batch:'choice(64, 0)'}}"

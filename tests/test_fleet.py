@@ -20,8 +20,8 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
-from hydra_plugins.hydratrain_optuna_sweeper._study import counted
+from hydra_plugins.hydratrain_optuna_sweeper._study._shared import counted
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -137,7 +137,7 @@ def _assert_one_report_with_a_row_per_worker(tmp_path: Path, out: str, rows: set
     """The fleet's parent writes the report, once, after its workers; its timeline has a row
     per worker and device."""
     from app.studies.report.figures import timeline
-    from hydra_plugins.hydratrain_optuna_sweeper._report import study_record
+    from hydra_plugins.hydratrain_optuna_sweeper._report._records import study_record
 
     report = tmp_path / "multirun" / "report.html"
     assert out.strip().splitlines()[-1].endswith(f"Report in {report}")
@@ -171,7 +171,8 @@ def test_the_sweeper_starts_without_torch():
     """A fleet's parent starts its workers once the sweeper is set up: importing torch first
     (seconds on a CPU) would delay every worker by as much."""
     code = (
-        "import sys, hydra_plugins.hydratrain_optuna_sweeper._impl; print('torch' in sys.modules)"
+        "import sys, hydra_plugins.hydratrain_optuna_sweeper._sweep._plan; "
+        "print('torch' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.stdout.strip() == "False", done.stderr[-2000:]
@@ -181,7 +182,8 @@ def test_the_fleet_parent_loads_the_reports_imports_while_its_workers_run():
     """The parent writes report.html when its last worker ended: what drawing it imports
     (plotly, Optuna's plots, matplotlib) is loaded while it waits, not after."""
     code = (
-        "import sys, threading; from hydra_plugins.hydratrain_optuna_sweeper import _fleet; "
+        "import sys, threading; "
+        "from hydra_plugins.hydratrain_optuna_sweeper._fleet import _local as _fleet; "
         "from unittest import mock; "
         "fleet = _fleet.LocalFleet.__new__(_fleet.LocalFleet); fleet.since = None; "
         "fleet._watch = lambda study, ticker: [t.join() for t in threading.enumerate() "

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hydra_plugins.hydratrain_optuna_sweeper import _worker
-from hydra_plugins.hydratrain_optuna_sweeper._worker import END_LOOK, Worker
+from hydra_plugins.hydratrain_optuna_sweeper._sweep import _worker
+from hydra_plugins.hydratrain_optuna_sweeper._sweep._worker import END_LOOK, Worker
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ from app.core.outcomes import Preempted, Pruned, RunOutcome, Status, TrainingOOM
 from app.engine.ranks import RankRecord, one_outcome
 from app.hpo import visible_gpus
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
-from hydra_plugins.hydratrain_optuna_sweeper._fleet import ending
-from hydra_plugins.hydratrain_optuna_sweeper._fleet_plan import (
+from hydra_plugins.hydratrain_optuna_sweeper._fleet._local import ending
+from hydra_plugins.hydratrain_optuna_sweeper._study._fleet_plan import (
     WORKER_ENV,
     FleetAsk,
     plan_fleet,
@@ -131,9 +131,9 @@ def test_a_trial_on_two_ranks_gets_one_outcome():
 def _worker_budget(monkeypatch, storage, worker: int, seed: int, space):
     """Worker `worker` of a fleet on the study in `storage`: hpo=optuna's sampler (hpo.seed
     `seed`) as that worker builds it, and its budget, which draws each new trial's point."""
-    from hydra_plugins.hydratrain_optuna_sweeper._samplers import build_sampler
-    from hydra_plugins.hydratrain_optuna_sweeper._settings import StockOptions, read_settings
-    from hydra_plugins.hydratrain_optuna_sweeper._study import StudyBudget
+    from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import build_sampler
+    from hydra_plugins.hydratrain_optuna_sweeper._study._settings import StockOptions, read_settings
+    from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyBudget
 
     monkeypatch.setenv(WORKER_ENV, str(worker))
     s = read_settings(StockOptions(False), OmegaConf.create({"seed": seed}), "/tmp/sweep")
@@ -149,7 +149,7 @@ def test_two_workers_asking_at_once_are_not_handed_the_same_point(monkeypatch):
     point that dominates)."""
     from optuna.trial import TrialState, create_trial
 
-    from hydra_plugins.hydratrain_optuna_sweeper._space import Entry, parse_space
+    from hydra_plugins.hydratrain_optuna_sweeper._study._space import Entry, parse_space
 
     space = parse_space(
         [

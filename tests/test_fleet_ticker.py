@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import optuna
 import pytest
 
-from hydra_plugins.hydratrain_optuna_sweeper._fleet import TrialTicker
+from hydra_plugins.hydratrain_optuna_sweeper._fleet._local import TrialTicker
 
 pytestmark = pytest.mark.unit
 

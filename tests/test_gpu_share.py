@@ -26,14 +26,14 @@ from app.components.hardware.sharing import SharedGpu, shared_gpu
 from app.engine.batch.search import MemoryMeter
 from app.engine.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
-from hydra_plugins.hydratrain_optuna_sweeper._fleet_plan import FleetAsk, plan_fleet
-from hydra_plugins.hydratrain_optuna_sweeper._gpu_share import (
+from hydra_plugins.hydratrain_optuna_sweeper._fleet._gpu_share import (
     GpuShare,
     Ledger,
     Seat,
     reservation,
 )
-from hydra_plugins.hydratrain_optuna_sweeper._space import largest_point
+from hydra_plugins.hydratrain_optuna_sweeper._study._fleet_plan import FleetAsk, plan_fleet
+from hydra_plugins.hydratrain_optuna_sweeper._study._space import largest_point
 from tests.test_fleet import _args, _no_stray_processes, _start, _trials, _wait_for
 
 pytestmark = pytest.mark.e2e

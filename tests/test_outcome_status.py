@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 from app.core.outcomes import Diverged, Preempted, Pruned, TrainingOOM, WriteFailed
 from app.hpo import Status, status_of
-from hydra_plugins.hydratrain_optuna_sweeper._outcomes import from_exception
+from hydra_plugins.hydratrain_optuna_sweeper._sweep._outcomes import from_exception
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +69,7 @@ def test_an_unexpected_error_is_shown_only_for_a_trial_this_worker_records(recor
     traceback (tests/test_sweeper_signals.py)."""
     import logging
 
-    from hydra_plugins.hydratrain_optuna_sweeper._worker import Worker
+    from hydra_plugins.hydratrain_optuna_sweeper._sweep._worker import Worker
 
     try:
         raise RuntimeError("Error: did not possess lock")

@@ -13,7 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 
 pytestmark = pytest.mark.e2e

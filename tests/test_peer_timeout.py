@@ -23,7 +23,7 @@ from app.engine.agreement import Agreement
 from app.engine.distributed import DistInfo
 from app.engine.peers import PeersLost, answering_peers
 from app.engine.ranks import RankRecord, one_outcome, record_path
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 from tests.conftest import TINY, tiny
 

@@ -17,10 +17,10 @@ from app.report import main as report_main
 from app.studies.report import figures
 from app.studies.report.page import PLOTS
 from app.studies.report.tables import savings
-from hydra_plugins.hydratrain_optuna_sweeper import _report
-from hydra_plugins.hydratrain_optuna_sweeper._asha import PAUSED
-from hydra_plugins.hydratrain_optuna_sweeper._lineage import PROMOTED_FROM, ROOT
-from hydra_plugins.hydratrain_optuna_sweeper._report import (
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._asha import PAUSED
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import PROMOTED_FROM, ROOT
+from hydra_plugins.hydratrain_optuna_sweeper._report import _records as _report
+from hydra_plugins.hydratrain_optuna_sweeper._report._records import (
     describe,
     rerun_command,
     study_record,
@@ -202,7 +202,7 @@ def test_app_report_gives_each_study_of_a_folder_its_own_report(tmp_path, monkey
     """Journals share a folder (outputs/hpo/*.journal): without --out, each study's report goes
     to <the journal's folder>/<study>/, and a database's to ./<study>/, so none replaces
     another's."""
-    from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+    from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "journals" / "study.journal"
@@ -223,7 +223,7 @@ def test_how_a_budget_in_trials_worth_was_spent_is_in_the_report_as_the_sweeper_
     """Lines: the promoted one and trial 6 ran to the end (1 each), trial 1 was pruned at 5 of
     20 (a quarter), the diverged one ran 10 (a half), the OOM and the error none: 2.75."""
     from app.studies.report.tables import cost_table
-    from hydra_plugins.hydratrain_optuna_sweeper._cost import BUDGET_TRIALS, trials_worth
+    from hydra_plugins.hydratrain_optuna_sweeper._study._cost import BUDGET_TRIALS, trials_worth
 
     study = _sweeper_study()
     study.set_user_attr(BUDGET_TRIALS, 3.0)

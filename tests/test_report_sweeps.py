@@ -13,8 +13,8 @@ import optuna
 import pytest
 
 from app.studies.report.page import PLOTS
-from hydra_plugins.hydratrain_optuna_sweeper._report import study_record
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._report._records import study_record
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -16,35 +16,35 @@ from optuna.trial import TrialState
 from app.hpo import TrialAttrs
 from hydra_plugins.hydratrain_optuna_sweeper import reporter
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
-from hydra_plugins.hydratrain_optuna_sweeper._lineage import UNCOUNTED
-from hydra_plugins.hydratrain_optuna_sweeper._samplers import (
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import UNCOUNTED
+from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import (
     EvalSchedule,
     build_pruner,
     build_sampler,
     pruner_defaults,
 )
-from hydra_plugins.hydratrain_optuna_sweeper._settings import (
+from hydra_plugins.hydratrain_optuna_sweeper._study._settings import (
     SEARCH_SPACE_DEPRECATED,
     Liveness,
     StockOptions,
     read_hpo,
     read_settings,
 )
-from hydra_plugins.hydratrain_optuna_sweeper._space import (
+from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
+    StudyBudget,
+    fail_stale_trials,
+)
+from hydra_plugins.hydratrain_optuna_sweeper._study._space import (
     Entry,
     format_value,
     legacy_entries,
     parse_space,
 )
-from hydra_plugins.hydratrain_optuna_sweeper._storage import (
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import (
     Masker,
     StorageSpec,
     open_storage,
     with_driver,
-)
-from hydra_plugins.hydratrain_optuna_sweeper._study import (
-    StudyBudget,
-    fail_stale_trials,
 )
 
 pytestmark = pytest.mark.integration
@@ -181,7 +181,7 @@ def test_a_bad_legacy_entry_is_one_line_naming_it(node, needle):
 
 @pytest.mark.parametrize("stock_node", [True, False])
 def test_legacy_search_space_alone_is_the_space_with_the_stock_deprecation_warning(stock_node):
-    from hydra_plugins.hydratrain_optuna_sweeper._impl import _space as space_of
+    from hydra_plugins.hydratrain_optuna_sweeper._sweep._plan import _space as space_of
 
     hpo = _hpo(params={"training.lr": "interval(0.1, 0.2)"})  # replaced, as by own params
     with pytest.warns(UserWarning, match=re.escape(SEARCH_SPACE_DEPRECATED)):
@@ -219,7 +219,7 @@ def test_deprecation_warnings_as_errors_make_the_legacy_node_one_line(monkeypatc
 
 
 def _entries(mapping, prefix):
-    from hydra_plugins.hydratrain_optuna_sweeper._space import params_entries
+    from hydra_plugins.hydratrain_optuna_sweeper._study._space import params_entries
 
     return params_entries(mapping, prefix)
 

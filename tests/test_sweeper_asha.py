@@ -18,17 +18,17 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper import _private as private
-from hydra_plugins.hydratrain_optuna_sweeper._asha import PAUSED, AshaPruner, Promoter
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
-from hydra_plugins.hydratrain_optuna_sweeper._lineage import PROMOTED_FROM, UNCOUNTED, root
-from hydra_plugins.hydratrain_optuna_sweeper._samplers import EvalSchedule, build_pruner
-from hydra_plugins.hydratrain_optuna_sweeper._settings import Liveness
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
-from hydra_plugins.hydratrain_optuna_sweeper._study import (
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._asha import PAUSED, AshaPruner, Promoter
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import PROMOTED_FROM, UNCOUNTED, root
+from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import EvalSchedule, build_pruner
+from hydra_plugins.hydratrain_optuna_sweeper._study._settings import Liveness
+from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
     StudyBudget,
     counted,
     requeue,
 )
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 
 pytestmark = pytest.mark.integration
@@ -152,7 +152,7 @@ def test_a_promotion_is_a_waiting_copy_that_resumes_and_holds_no_slot(tmp_path):
 
 def test_the_stock_n_trials_counts_new_trials_only_and_still_promotes(tmp_path):
     """hydra.sweeper.n_trials (RunBudget): N more trials per run; promotions are not trials."""
-    from hydra_plugins.hydratrain_optuna_sweeper._study import RunBudget
+    from hydra_plugins.hydratrain_optuna_sweeper._study._shared import RunBudget
 
     study = _study(tmp_path)
     budget = RunBudget(study, 3, None, LIVE, promoter=Promoter(study, study, 3))
@@ -187,7 +187,7 @@ def test_two_promotions_of_one_paused_trial_run_once(tmp_path):
     promoter = Promoter(study, study, 3)
     first = promoter.candidate(study.get_trials())
     assert first is not None
-    from hydra_plugins.hydratrain_optuna_sweeper._asha import promotion
+    from hydra_plugins.hydratrain_optuna_sweeper._pruners._asha import promotion
 
     study.add_trial(promotion(first))
     study.add_trial(promotion(first))  # the other worker's, at the same moment
@@ -287,8 +287,8 @@ def test_a_paused_trial_outlives_its_worker_and_another_worker_promotes_it(tmp_p
 
 
 def test_asha_refuses_a_job_config_that_cannot_resume_in_one_line():
-    from hydra_plugins.hydratrain_optuna_sweeper._checks import check_objectives
-    from hydra_plugins.hydratrain_optuna_sweeper._settings import StockOptions, read_settings
+    from hydra_plugins.hydratrain_optuna_sweeper._study._checks import check_objectives
+    from hydra_plugins.hydratrain_optuna_sweeper._study._settings import StockOptions, read_settings
 
     node = OmegaConf.create({"n_trials": 3, "pruner": "asha"})
     s = read_settings(StockOptions(stock_node=False), node, "/tmp/sweep")
@@ -376,7 +376,7 @@ def _paused_then_completed(study: optuna.Study) -> int:
 def test_the_sampler_sees_a_paused_and_promoted_configuration_once_with_its_furthest_result(
     tmp_path,
 ):
-    from hydra_plugins.hydratrain_optuna_sweeper._line_sampler import LineSampler
+    from hydra_plugins.hydratrain_optuna_sweeper._pruners._line_sampler import LineSampler
 
     inner = _Recording()
     study = optuna.create_study(
@@ -400,7 +400,7 @@ def test_the_sampler_sees_a_paused_and_promoted_configuration_once_with_its_furt
 
 
 def test_a_running_promotion_leaves_the_paused_result_as_the_lines_one_observation(tmp_path):
-    from hydra_plugins.hydratrain_optuna_sweeper._lineage import observations
+    from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import observations
 
     study = _study(tmp_path)
     for value in (1.0, 2.0, 3.0):
@@ -417,10 +417,13 @@ def test_a_running_promotion_leaves_the_paused_result_as_the_lines_one_observati
 
 @pytest.mark.parametrize("pruner, wrapped", [("asha", True), ("successive_halving", False)])
 def test_an_asha_study_hands_its_sampler_one_observation_per_line(pruner, wrapped):
-    from hydra_plugins.hydratrain_optuna_sweeper._impl import _sampler
-    from hydra_plugins.hydratrain_optuna_sweeper._line_sampler import LineSampler, unwrapped
-    from hydra_plugins.hydratrain_optuna_sweeper._settings import StockOptions, read_settings
-    from hydra_plugins.hydratrain_optuna_sweeper._space import Entry, parse_space
+    from hydra_plugins.hydratrain_optuna_sweeper._pruners._line_sampler import (
+        LineSampler,
+        unwrapped,
+    )
+    from hydra_plugins.hydratrain_optuna_sweeper._study._settings import StockOptions, read_settings
+    from hydra_plugins.hydratrain_optuna_sweeper._study._space import Entry, parse_space
+    from hydra_plugins.hydratrain_optuna_sweeper._sweep._plan import _sampler
 
     node = OmegaConf.create({"n_trials": 3, "pruner": pruner})
     s = read_settings(StockOptions(stock_node=False), node, "/tmp/sweep")

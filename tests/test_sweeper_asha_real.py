@@ -11,9 +11,9 @@ import pytest
 from optuna.trial import TrialState
 
 from app.engine.summary import Summary
-from hydra_plugins.hydratrain_optuna_sweeper._asha import PAUSED
-from hydra_plugins.hydratrain_optuna_sweeper._lineage import root
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._asha import PAUSED
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import root
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

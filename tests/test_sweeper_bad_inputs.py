@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests.conftest import TINY
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hydra_plugins.hydratrain_optuna_sweeper._settings import Liveness
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
-from hydra_plugins.hydratrain_optuna_sweeper._study import StudyBudget, counted
+from hydra_plugins.hydratrain_optuna_sweeper._study._settings import Liveness
+from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyBudget, counted
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 
 pytestmark = pytest.mark.unit
 
@@ -88,7 +88,7 @@ def _prune_at(study: optuna.Study, trial: optuna.Trial, step: int) -> None:
 def test_trials_stopped_early_spend_their_share_and_buy_more_trials():
     """Worth 2 full trials of a 90-sample axis: one completed trial spends 1, each trial pruned
     at 30 spends a third, so three of them fit in the second; the fourth is never asked."""
-    from hydra_plugins.hydratrain_optuna_sweeper._cost import TrialsWorth
+    from hydra_plugins.hydratrain_optuna_sweeper._study._cost import TrialsWorth
 
     study = optuna.create_study()
     worth = TrialsWorth(study, 2.0, last=90)
@@ -105,8 +105,8 @@ def test_trials_stopped_early_spend_their_share_and_buy_more_trials():
 
 
 def test_a_running_trial_counts_what_it_reported_and_a_line_counts_once():
-    from hydra_plugins.hydratrain_optuna_sweeper._asha import promotion
-    from hydra_plugins.hydratrain_optuna_sweeper._cost import trials_worth
+    from hydra_plugins.hydratrain_optuna_sweeper._pruners._asha import promotion
+    from hydra_plugins.hydratrain_optuna_sweeper._study._cost import trials_worth
 
     study = optuna.create_study()
     paused = study.ask()

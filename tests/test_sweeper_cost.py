@@ -11,12 +11,16 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from hydra_plugins.hydratrain_optuna_sweeper._cost import CostCap
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
-from hydra_plugins.hydratrain_optuna_sweeper._lineage import root
-from hydra_plugins.hydratrain_optuna_sweeper._settings import Liveness, StockOptions, read_settings
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
-from hydra_plugins.hydratrain_optuna_sweeper._study import StudyBudget
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import root
+from hydra_plugins.hydratrain_optuna_sweeper._study._cost import CostCap
+from hydra_plugins.hydratrain_optuna_sweeper._study._settings import (
+    Liveness,
+    StockOptions,
+    read_settings,
+)
+from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyBudget
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 
 pytestmark = pytest.mark.e2e

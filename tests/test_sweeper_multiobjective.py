@@ -12,15 +12,15 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from app.hpo import build_reporter
-from hydra_plugins.hydratrain_optuna_sweeper._companion import (
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._companion import (
     MAIN_TRIAL,
     REPORT_TRIAL,
     Judge,
     companion_name,
     open_companion,
 )
-from hydra_plugins.hydratrain_optuna_sweeper._samplers import build_pruner
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import build_pruner
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 
 pytestmark = pytest.mark.e2e
@@ -134,7 +134,7 @@ def _assert_the_report_draws_the_front_and_the_companions_curves(tmp_path: Path)
     """The report of a two-objective study: its Pareto front, no single-objective history, and
     the learning curves the companion study took (the main trials report nothing)."""
     from app.studies.report.figures import curves
-    from hydra_plugins.hydratrain_optuna_sweeper._report import study_record
+    from hydra_plugins.hydratrain_optuna_sweeper._report._records import study_record
 
     html = (tmp_path / "multirun" / "report.html").read_text()
     assert "<section id='pareto' data-drawn=\"true\">" in html

@@ -9,9 +9,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from app.engine.summary import Summary
-from hydra_plugins.hydratrain_optuna_sweeper._checks import check_objectives
-from hydra_plugins.hydratrain_optuna_sweeper._settings import StockOptions, read_settings
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._study._checks import check_objectives
+from hydra_plugins.hydratrain_optuna_sweeper._study._settings import StockOptions, read_settings
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 from tests.conftest import compose
 

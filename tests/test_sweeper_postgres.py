@@ -13,7 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hydra_plugins.hydratrain_optuna_sweeper._storage import STORAGE_ENV, with_driver
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import STORAGE_ENV, with_driver
 from tests import pg_server, procs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

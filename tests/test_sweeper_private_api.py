@@ -25,7 +25,7 @@ def study(request, tmp_path) -> optuna.Study:
     if request.param == "memory":
         storage = None
     elif request.param == "journal":
-        from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+        from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 
         storage = journal(str(tmp_path / "s.journal"))
     else:
@@ -76,7 +76,7 @@ def test_finished_trials_refuse_updates_with_the_error_the_sweeper_catches(study
 
 
 def test_a_waiting_copy_keeps_parameters_and_retry_history(study):
-    from hydra_plugins.hydratrain_optuna_sweeper._study import requeue
+    from hydra_plugins.hydratrain_optuna_sweeper._study._shared import requeue
 
     trial = study.ask()
     trial.suggest_float("x", 0.0, 1.0)

@@ -16,8 +16,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
-from hydra_plugins.hydratrain_optuna_sweeper._study import counted
+from hydra_plugins.hydratrain_optuna_sweeper._study._shared import counted
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

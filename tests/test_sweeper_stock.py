@@ -42,7 +42,7 @@ from optuna.distributions import (
 )
 from pytest import fixture, mark, raises
 
-from hydra_plugins.hydratrain_optuna_sweeper import _space
+from hydra_plugins.hydratrain_optuna_sweeper._study import _space
 from hydra_plugins.hydratrain_optuna_sweeper.config import MOTPESamplerConfig
 from hydra_plugins.hydratrain_optuna_sweeper.optuna_sweeper import OptunaSweeper
 

@@ -17,7 +17,7 @@ import pytest
 from hydra.test_utils.test_utils import run_process
 from omegaconf import OmegaConf
 
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

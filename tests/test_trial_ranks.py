@@ -10,7 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 from app.engine.ranks import RankRecord, record_path
-from hydra_plugins.hydratrain_optuna_sweeper._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 from tests.conftest import tiny
 

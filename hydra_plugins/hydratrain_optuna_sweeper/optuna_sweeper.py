@@ -18,7 +18,7 @@ class OptunaSweeper(Sweeper):
     stock_node = True  # null storage: in memory; null study_name: a fresh study
 
     def __init__(self, **options: object) -> None:
-        from ._impl import OptunaSweeperImpl
+        from ._sweep._plan import OptunaSweeperImpl
 
         self.sweeper = OptunaSweeperImpl(options, stock_node=self.stock_node)
 

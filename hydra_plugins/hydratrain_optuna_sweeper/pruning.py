@@ -19,7 +19,7 @@ def study_pruner(
 ) -> BasePruner:
     """hpo.pruner=`name` with hpo.pruner_args=`args`, for trials that evaluate every
     `eval_every` optimizer steps up to `max_steps`: the defaults follow that schedule."""
-    from ._samplers import EvalSchedule, build_pruner
+    from ._study._samplers import EvalSchedule, build_pruner
 
     return build_pruner(name, args, 1, EvalSchedule(every=eval_every, last=max_steps))
 
@@ -29,7 +29,7 @@ def study_pruner_arguments(
 ) -> dict[str, object]:
     """The arguments `study_pruner` passes to the pruner: hpo.pruner_args over the defaults
     that follow the schedule (for a peer built with Optuna's own class)."""
-    from ._samplers import EvalSchedule, pruner_defaults
+    from ._study._samplers import EvalSchedule, pruner_defaults
 
     return {**pruner_defaults(name, EvalSchedule(every=eval_every, last=max_steps), args), **args}
 
@@ -37,7 +37,7 @@ def study_pruner_arguments(
 def search_space(params: Mapping[str, str]) -> dict[str, BaseDistribution]:
     """`hydra.sweeper.params` ({key: expression}) as the Optuna distributions a trial samples,
     parsed as the sweeper parses them."""
-    from ._space import Entry, parse_space
+    from ._study._space import Entry, parse_space
 
     entries = [Entry(f"hydra.sweeper.params.{k}", f"{k}={v}") for k, v in params.items()]
     return dict(parse_space(entries).distributions)
@@ -45,6 +45,6 @@ def search_space(params: Mapping[str, str]) -> dict[str, BaseDistribution]:
 
 def suggest(trial: Trial, name: str, distribution: BaseDistribution) -> CategoricalChoiceType:
     """Sample `name` on an Optuna trial as the sweeper's worker does."""
-    from ._space import suggest as sweeper_suggest
+    from ._study._space import suggest as sweeper_suggest
 
     return sweeper_suggest(trial, name, distribution)

@@ -17,8 +17,8 @@ def write_study_report(storage: str, study_name: str | None, out: str | None) ->
     import optuna
 
     from ._errors import SweepConfigError
-    from ._report import study_record
-    from ._storage import Masker, open_storage, storage_spec
+    from ._report._records import study_record
+    from ._study._storage import Masker, open_storage, storage_spec
 
     if "://" not in storage and not Path(storage).is_file():
         raise ReportError(f"--storage={storage!r}: no such journal file (or give a database URL)")

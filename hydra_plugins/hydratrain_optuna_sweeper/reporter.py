@@ -109,7 +109,7 @@ class OptunaReporter:
 
     def _call(self, fn: Callable[[], T]) -> T | None:
         from . import _private as private
-        from ._storage import retrying
+        from ._study._storage import retrying
 
         try:
             with private.finished_trial_guard():
@@ -125,7 +125,7 @@ class OptunaReporter:
 
 
 def _pauses(trial: Trial) -> bool:
-    from ._asha import AshaPruner
+    from ._pruners._asha import AshaPruner
 
     return isinstance(trial.study.pruner, AshaPruner)
 
@@ -165,7 +165,7 @@ def _hpo_of(cfg: object) -> HpoConfig:
     for an app without one, the defaults and the trial its environment names."""
     from omegaconf import DictConfig
 
-    from ._settings import typed_hpo
+    from ._study._settings import typed_hpo
 
     node = cfg.get("hpo") if isinstance(cfg, DictConfig) else getattr(cfg, "hpo", None)
     if isinstance(node, HpoConfig):
@@ -186,10 +186,10 @@ def _trial_from_storage(
     import optuna
 
     from . import _private as private
-    from ._companion import load_companion, report_trial
-    from ._samplers import EvalSchedule, build_pruner
-    from ._settings import mapping
-    from ._storage import MEMORY, Masker, open_storage, storage_spec
+    from ._pruners._companion import load_companion, report_trial
+    from ._study._samplers import EvalSchedule, build_pruner
+    from ._study._settings import mapping
+    from ._study._storage import MEMORY, Masker, open_storage, storage_spec
 
     if storage == MEMORY:  # only the sweeper's process can reach it
         log.warning("trial %d: a study in memory takes no reports from another process", number)

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from app.hpo import MASK, URL_PASSWORD, mask_url_passwords
 
-from ._errors import StorageUnreachable, SweepConfigError, first_line
+from .._errors import StorageUnreachable, SweepConfigError, first_line
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage, JournalStorage

@@ -27,9 +27,9 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict, read_write
 
-from . import _private as private
-from ._fleet import TrialTicker, ending
-from ._fleet_plan import FleetPlan
+from .. import _private as private
+from .._study._fleet_plan import FleetPlan
+from ._local import TrialTicker, ending
 
 log = logging.getLogger(__name__)
 

@@ -39,9 +39,9 @@ from omegaconf import OmegaConf
 
 from app.hpo import ConfigError, SharedGpu, shared_gpu
 
-from ._errors import SweepConfigError
-from ._fleet_plan import DEVICES_ENV, FleetAsk, FleetPlan, fleet_worker
-from ._study import budget_lock
+from .._errors import SweepConfigError
+from .._study._fleet_plan import DEVICES_ENV, FleetAsk, FleetPlan, fleet_worker
+from .._study._shared import budget_lock
 
 log = logging.getLogger(__name__)
 GIB = 2**30

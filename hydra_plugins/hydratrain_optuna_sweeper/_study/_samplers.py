@@ -19,9 +19,9 @@ from optuna.trial import FrozenTrial
 
 from app.hpo import report_axis_of
 
-from ._errors import SweepConfigError, first_line
+from .._errors import SweepConfigError, first_line
+from ..config import MOTPE_REMOVED, SAMPLERS
 from ._space import Grid
-from .config import MOTPE_REMOVED, SAMPLERS
 
 ALIASES = {"nsga2": "nsgaii"}  # our earlier name
 # hpo.sampler's arguments where measurement chose them over Optuna's defaults (a key that
@@ -283,7 +283,7 @@ def build_pruner(
     pruning companion (`_companion.py`) gets this pruner built for one."""
     if n_objectives > 1 or name == "none":
         return optuna.pruners.NopPruner()
-    from ._asha import AshaPruner
+    from .._pruners._asha import AshaPruner
 
     pruners: dict[str, Callable[..., optuna.pruners.BasePruner]] = {
         "median": optuna.pruners.MedianPruner,

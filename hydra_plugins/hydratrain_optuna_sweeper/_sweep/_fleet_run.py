@@ -15,13 +15,13 @@ from omegaconf import DictConfig
 
 from app.hpo import visible_gpus
 
-from ._errors import SweepConfigError
-from ._fleet import LocalFleet, TrialTicker
-from ._fleet_jobs import FleetJob, launch_fleet
-from ._fleet_plan import FleetPlan, fleet_worker, plan_fleet
-from ._gpu_share import check_shared_gpus
-from ._results import write_results
-from ._settings import SweepSettings
+from .._errors import SweepConfigError
+from .._fleet._gpu_share import check_shared_gpus
+from .._fleet._jobs import FleetJob, launch_fleet
+from .._fleet._local import LocalFleet, TrialTicker
+from .._report._results import write_results
+from .._study._fleet_plan import FleetPlan, fleet_worker, plan_fleet
+from .._study._settings import SweepSettings
 
 if TYPE_CHECKING:
     from ._worker import Plan

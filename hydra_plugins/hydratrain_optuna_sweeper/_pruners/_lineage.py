@@ -1,6 +1,6 @@
 """Lines of trials: one configuration run as several Optuna trials.
 
-A preempted or stale trial is re-queued as a new trial (`_study.requeue`), and a paused trial
+A preempted or stale trial is re-queued as a new trial (`_shared.requeue`), and a paused trial
 is promoted as a new one (`_asha.py`): each copy resumes the same configuration. The line's root
 is its first trial; a rung counts a line once, and its cost is what all its trials spent, and
 the sampler sees it once (`observations`): one configuration, one point of evidence.
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from optuna.trial import FrozenTrial, TrialState
 
-from . import _private as private
+from .. import _private as private
 
 ROOT = "hpo:root"  # system attr: the number of the line's first trial
 PROMOTED_FROM = "hpo:promoted_from"  # system attr of a promoted copy: the paused trial

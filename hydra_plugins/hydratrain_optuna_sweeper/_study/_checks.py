@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from app.hpo import ConfigError, check_job_config, objectives, one_line, task_of
 
-from ._errors import SweepConfigError
+from .._errors import SweepConfigError
 from ._settings import SweepSettings
 from ._space import SearchSpace, Value, ends
 

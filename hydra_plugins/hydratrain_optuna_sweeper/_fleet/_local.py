@@ -40,11 +40,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from app.hpo import preload_report
 
-from ._errors import SweepConfigError
-from ._fleet_plan import FleetPlan, WorkerIdentity
-from ._settings import SweepSettings
-from ._space import format_value
-from ._study import budget_lock, fail_as_stale
+from .._errors import SweepConfigError
+from .._study._fleet_plan import FleetPlan, WorkerIdentity
+from .._study._settings import SweepSettings
+from .._study._shared import budget_lock, fail_as_stale
+from .._study._space import format_value
 
 log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)

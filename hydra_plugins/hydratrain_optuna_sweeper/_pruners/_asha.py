@@ -38,7 +38,7 @@ from collections.abc import Iterable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from . import _private as private
+from .. import _private as private
 from ._lineage import PROMOTED_FROM, ROOT, UNCOUNTED, heads, root
 
 log = logging.getLogger(__name__)

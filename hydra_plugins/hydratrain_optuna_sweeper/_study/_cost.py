@@ -26,7 +26,7 @@ from collections.abc import Iterable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ._lineage import root
+from .._pruners._lineage import root
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from optuna.distributions import (
 )
 from optuna.trial import Trial
 
-from ._errors import SweepConfigError, first_line
+from .._errors import SweepConfigError, first_line
 
 Value: TypeAlias = CategoricalChoiceType  # a sampled value: None, bool, int, float or str
 Grid: TypeAlias = dict[str, list[Value]]  # the values GridSampler visits, per key

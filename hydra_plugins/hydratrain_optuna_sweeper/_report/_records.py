@@ -28,11 +28,11 @@ from app.hpo import (
     write_report,
 )
 
-from . import _private as private
-from ._asha import PAUSED
-from ._companion import MAIN_TRIAL
-from ._cost import BUDGET_TRIALS
-from ._lineage import root
+from .. import _private as private
+from .._pruners._asha import PAUSED
+from .._pruners._companion import MAIN_TRIAL
+from .._pruners._lineage import root
+from .._study._cost import BUDGET_TRIALS
 
 log = logging.getLogger(__name__)
 

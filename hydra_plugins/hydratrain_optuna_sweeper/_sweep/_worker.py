@@ -25,21 +25,21 @@ from optuna.trial import Trial, TrialState
 
 from app.hpo import StopRequest, stop_on_signals
 
-from . import _private as private
-from . import reporter
-from ._asha import PAUSED
-from ._companion import Judge
-from ._cost import COST, line_cost
-from ._errors import SweepAborted, first_line
-from ._fleet_plan import WorkerIdentity
-from ._gpu_share import GpuShare, gpu_sharing
+from .. import _private as private
+from .. import reporter
+from .._errors import SweepAborted, first_line
+from .._fleet._gpu_share import GpuShare, gpu_sharing
+from .._pruners._asha import PAUSED
+from .._pruners._companion import Judge
+from .._report._results import HParamsWriter, write_results
+from .._study._cost import COST, line_cost
+from .._study._fleet_plan import WorkerIdentity
+from .._study._samplers import record_oom_constraint
+from .._study._settings import SweepSettings
+from .._study._shared import Budget, budget_lock, heartbeat, requeue
+from .._study._space import SearchSpace, SpaceHook, format_value, largest_point, suggest
+from .._study._storage import Masker, retrying
 from ._outcomes import Outcome, classify, error_attrs, not_started
-from ._results import HParamsWriter, write_results
-from ._samplers import record_oom_constraint
-from ._settings import SweepSettings
-from ._space import SearchSpace, SpaceHook, format_value, largest_point, suggest
-from ._storage import Masker, retrying
-from ._study import Budget, budget_lock, heartbeat, requeue
 
 log = logging.getLogger(__name__)
 REPORTER = "hydra_plugins.hydratrain_optuna_sweeper.reporter.reporter_for_job"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from ._errors import SweepConfigError
+from .._errors import SweepConfigError
 
 WORKER_ENV = "HYDRATRAIN_FLEET_WORKER"  # this process is worker <n> of a fleet
 DEVICES_ENV = "CUDA_VISIBLE_DEVICES"

@@ -32,10 +32,10 @@ from collections.abc import Callable, Iterator, Mapping
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from . import _private as private
-from ._asha import Promoter
+from .. import _private as private
+from .._pruners._asha import Promoter
+from .._pruners._lineage import UNCOUNTED, copy_attrs, promoted
 from ._cost import CostCap, TrialsWorth
-from ._lineage import UNCOUNTED, copy_attrs, promoted
 from ._settings import Liveness
 from ._storage import retrying
 

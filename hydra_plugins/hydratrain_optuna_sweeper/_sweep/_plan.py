@@ -27,21 +27,20 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, read_write
 
-from ._asha import AshaPruner, Promoter
-from ._checks import check_objectives, check_space
-from ._companion import Judge, open_companion
-from ._cost import CostCap, TrialsWorth, record_budget
-from ._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
-from ._fleet_jobs import FleetJob, worker_config
-from ._fleet_plan import FleetPlan, fleet_worker, seeded_for_worker
-from ._fleet_run import Fleet, plan_fleet_of
-from ._line_sampler import LineSampler, unwrapped
-from ._outcomes import StartUnlessStopped
-from ._report import describe, write_sweep_report
-from ._results import check_completed
-from ._samplers import EvalSchedule, build_pruner, build_sampler, grid_size
-from ._settings import StockOptions, SweepSettings, read_settings
-from ._space import (
+from .._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
+from .._fleet._jobs import FleetJob, worker_config
+from .._pruners._asha import AshaPruner, Promoter
+from .._pruners._companion import Judge, open_companion
+from .._pruners._line_sampler import LineSampler, unwrapped
+from .._report._records import describe, write_sweep_report
+from .._report._results import check_completed
+from .._study._checks import check_objectives, check_space
+from .._study._cost import CostCap, TrialsWorth, record_budget
+from .._study._fleet_plan import FleetPlan, fleet_worker, seeded_for_worker
+from .._study._samplers import EvalSchedule, build_pruner, build_sampler, grid_size
+from .._study._settings import StockOptions, SweepSettings, read_settings
+from .._study._shared import RunBudget, StudyBudget
+from .._study._space import (
     Entry,
     SearchSpace,
     legacy_entries,
@@ -49,8 +48,9 @@ from ._space import (
     params_entries,
     parse_space,
 )
-from ._storage import Masker, job_storage, open_storage, passwords
-from ._study import RunBudget, StudyBudget
+from .._study._storage import Masker, job_storage, open_storage, passwords
+from ._fleet_run import Fleet, plan_fleet_of
+from ._outcomes import StartUnlessStopped
 from ._worker import Plan, Worker
 
 log = logging.getLogger(__name__)

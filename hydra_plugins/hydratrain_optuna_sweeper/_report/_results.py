@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from app.hpo import BatchSizeStudyConfig, TrialAttrs
 
-from ._errors import NoTrialCompleted
+from .._errors import NoTrialCompleted
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter

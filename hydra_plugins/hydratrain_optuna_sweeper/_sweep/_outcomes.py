@@ -33,7 +33,7 @@ from optuna.trial import TrialState
 
 from app.hpo import Status, status_of, stop_requested
 
-from . import _private as private
+from .. import _private as private
 
 log = logging.getLogger(__name__)
 

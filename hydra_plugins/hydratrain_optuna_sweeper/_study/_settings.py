@@ -20,11 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from app.hpo import BatchSizeStudyConfig, HpoConfig
 
-from . import _private as private
-from ._errors import SweepConfigError, first_line
+from .. import _private as private
+from .._errors import SweepConfigError, first_line
+from ..config import STOCK_KEYS
 from ._fleet_plan import FleetAsk
 from ._storage import StorageSpec, storage_spec
-from .config import STOCK_KEYS
 
 DIRECTIONS = ("minimize", "maximize")
 PRUNERS = ("median", "successive_halving", "asha", "hyperband", "none")
@@ -74,7 +74,7 @@ class StockOptions:
 
 @dataclass(frozen=True)
 class TrialCount:
-    """The study's budget (`_study.Budget` hands out its trials): `n_trials` trials (stock:
+    """The study's budget (`_shared.Budget` hands out its trials): `n_trials` trials (stock:
     this many more per run; ours: a study-wide total), and/or `worth` full trials' worth of
     training (hpo.budget_trials, study-wide), so trials stopped early buy more trials. `key`:
     the setting in charge, as the study's first line names it."""

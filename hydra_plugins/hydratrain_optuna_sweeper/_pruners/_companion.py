@@ -19,7 +19,7 @@ import logging
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from . import _private as private
+from .. import _private as private
 from ._lineage import ROOT, root
 
 log = logging.getLogger(__name__)

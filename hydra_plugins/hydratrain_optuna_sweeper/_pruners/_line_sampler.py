@@ -15,7 +15,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from . import _private as private
+from .. import _private as private
 from ._lineage import observations
 
 
