@@ -19,7 +19,7 @@ from app.engine import checkpoint as ckpt
 from app.engine.run import Observers
 from app.engine.runner import run_training
 from app.engine.summary import Summary
-from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import EvalSchedule, build_pruner
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import EvalSchedule, build_pruner
 from tests import procs
 from tests.conftest import ROOT, compose, config, tiny
 
@@ -347,7 +347,7 @@ def test_a_step_budget_on_the_study_command_replaces_the_data_budget_and_says_so
 
 def test_every_pruner_places_its_rungs_on_the_data_axis():
     """Trials report every 160 samples up to 3,840: the rungs are marks of data seen."""
-    from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import pruner_defaults
+    from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import pruner_defaults
     from tests.test_sweeper import _rung_steps
 
     axis = EvalSchedule(every=160, last=3840, unit="samples")

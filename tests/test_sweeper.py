@@ -16,13 +16,13 @@ from optuna.trial import TrialState
 from app.hpo import TrialAttrs
 from hydra_plugins.hydratrain_optuna_sweeper import reporter
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
-from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import UNCOUNTED
-from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import (
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import (
     EvalSchedule,
     build_pruner,
-    build_sampler,
     pruner_defaults,
 )
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import UNCOUNTED
+from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import build_sampler
 from hydra_plugins.hydratrain_optuna_sweeper._study._settings import (
     SEARCH_SPACE_DEPRECATED,
     Liveness,

@@ -20,8 +20,8 @@ from optuna.trial import TrialState
 from hydra_plugins.hydratrain_optuna_sweeper import _private as private
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._asha import PAUSED, AshaPruner, Promoter
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import EvalSchedule, build_pruner
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import PROMOTED_FROM, UNCOUNTED, root
-from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import EvalSchedule, build_pruner
 from hydra_plugins.hydratrain_optuna_sweeper._study._settings import Liveness
 from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
     StudyBudget,

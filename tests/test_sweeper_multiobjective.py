@@ -19,7 +19,7 @@ from hydra_plugins.hydratrain_optuna_sweeper._pruners._companion import (
     companion_name,
     open_companion,
 )
-from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import build_pruner
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import build_pruner
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 

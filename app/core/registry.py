@@ -19,9 +19,12 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, package: str, setting: str) -> None:
+    def __init__(self, package: str, setting: str, private: bool = False) -> None:
         self.package = package
         self.setting = setting  # the setting that names one, for error lines
+        # private: the package's `_name` modules are the components (a Hydra plugin's room,
+        # whose public modules Hydra's plugin scan would import at every start)
+        self.private = private
         self._items: dict[str, T] = {}
         self._loaded = False
 
@@ -32,6 +35,10 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.setting}: two components named {name!r}")
         self._items[name] = item
         return item
+
+    def remove(self, name: str) -> None:
+        """Forget `name` (a component a test added for its own run)."""
+        self._items.pop(name, None)
 
     def get(self, name: str) -> T:
         self._load()
@@ -54,8 +61,12 @@ class Registry(Generic[T]):
         self._loaded = True
         package = importlib.import_module(self.package)
         for module in pkgutil.iter_modules(package.__path__):
-            if not module.name.startswith("_"):
+            if _is_private(module.name) == self.private:
                 importlib.import_module(f"{self.package}.{module.name}")
+
+
+def _is_private(module: str) -> bool:
+    return module.startswith("_") and not module.startswith("__")
 
 
 def _name(item: object) -> str:

@@ -125,9 +125,9 @@ class OptunaReporter:
 
 
 def _pauses(trial: Trial) -> bool:
-    from ._pruners._asha import AshaPruner
-
-    return isinstance(trial.study.pruner, AshaPruner)
+    """The pruner pauses what it stops (`pauses`, asha's): the run saves and stops, to be
+    resumed if the trial is promoted."""
+    return bool(getattr(trial.study.pruner, "pauses", False))
 
 
 def _jsonable(value: object) -> object:
@@ -187,7 +187,7 @@ def _trial_from_storage(
 
     from . import _private as private
     from ._pruners._companion import load_companion, report_trial
-    from ._study._samplers import EvalSchedule, build_pruner
+    from ._pruners._kind import EvalSchedule, build_pruner, pruner_kind
     from ._study._settings import mapping
     from ._study._storage import MEMORY, Masker, open_storage, storage_spec
 
@@ -208,7 +208,7 @@ def _trial_from_storage(
     trial = private.live_trial(study, number)
     if len(study.directions) == 1:
         return trial, trial
-    if hpo.pruner == "none":  # no companion: nothing judges the reports
+    if not pruner_kind(hpo.pruner).judges:  # no companion: nothing judges the reports
         return trial, None
     companion = load_companion(study, hpo.report_metric, pruner)
     return trial, report_trial(trial, companion)

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .. import _private as private
+from ._kind import PRUNERS, EvalSchedule, PrunerKind, halving_defaults
 from ._lineage import PROMOTED_FROM, ROOT, UNCOUNTED, heads, root
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ PAUSED = "hpo:paused"  # system attr of a paused trial: the rung step it stopped
 class AshaPruner(optuna.pruners.BasePruner):
     """The pause-or-go-on decision at a rung; `prune` True means "pause" (the reporter raises
     Paused, not Pruned). `every`: the evaluation interval the rungs are placed on."""
+
+    pauses = True  # what the trial's reporter asks: a stop here is a pause
 
     def __init__(
         self,
@@ -199,3 +202,22 @@ def promotion(t: FrozenTrial) -> FrozenTrial:
         system_attrs=attrs,
         intermediate_values=dict(t.intermediate_values),
     )
+
+
+def _defaults(schedule: EvalSchedule | None, args: Mapping[str, object]) -> dict[str, object]:
+    """Successive halving's rungs, on the evaluation steps, up to the budget."""
+    out = halving_defaults(schedule, args)
+    return out if schedule is None else {**out, "max_resource": schedule.last}
+
+
+def _build(args: dict[str, object], schedule: EvalSchedule | None) -> AshaPruner:
+    placed = {} if schedule is None else {"every": schedule.every}  # rungs on evaluations
+    return AshaPruner(**args, **placed)  # type: ignore[arg-type]
+
+
+def _promoter(study: optuna.Study, reports: optuna.Study) -> Promoter:
+    assert isinstance(reports.pruner, AshaPruner)
+    return Promoter(study, reports, reports.pruner.eta)
+
+
+PRUNERS.add(PrunerKind("asha", _build, _defaults, pauses=True, promoter=_promoter))

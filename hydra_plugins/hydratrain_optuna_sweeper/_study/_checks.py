@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from app.hpo import ConfigError, check_job_config, objectives, one_line, task_of
 
 from .._errors import SweepConfigError
+from .._pruners._kind import pruner_kind
 from ._settings import SweepSettings
 from ._space import SearchSpace, Value, ends
 
@@ -76,10 +77,10 @@ def check_objectives(cfg: DictConfig, s: SweepSettings) -> None:
 def _check_resumable(cfg: DictConfig, s: SweepSettings) -> None:
     """A paused trial resumes from its checkpoint through training.resume."""
     training = cfg.get("training")
-    if s.pruner == "asha" and (training is None or "resume" not in training):
+    if pruner_kind(s.pruner).pauses and (training is None or "resume" not in training):
         raise SweepConfigError(
-            "hpo.pruner=asha pauses trials and resumes them from their run dir, but the job "
-            "config has no training.resume; choose another hpo.pruner"
+            f"hpo.pruner={s.pruner} pauses trials and resumes them from their run dir, but the "
+            "job config has no training.resume; choose another hpo.pruner"
         )
 
 

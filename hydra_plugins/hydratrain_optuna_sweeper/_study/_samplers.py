@@ -1,4 +1,4 @@
-"""Samplers and pruners, built for the installed Optuna with one line for anything wrong.
+"""Samplers, built for the installed Optuna with one line for anything wrong.
 
 Both `hydra/sweeper/sampler=NAME` (the stock configs, their fields) and `hpo.sampler=NAME`
 (the same configs, `hpo.sampler_args` as their fields, seeded by `hpo.seed`) end here. A field
@@ -17,8 +17,6 @@ import optuna
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import FrozenTrial
 
-from app.hpo import report_axis_of
-
 from .._errors import SweepConfigError, first_line
 from ..config import MOTPE_REMOVED, SAMPLERS
 from ._space import Grid
@@ -34,86 +32,6 @@ MEASURED_ARGS: dict[str, dict[str, object]] = {
 # Fields that mean something only beside another: the stock cmaes config sets inc_popsize=2,
 # which sizes restarts, and Optuna >= 4.4 warns about it even with no restart_strategy.
 ONLY_WITH = {"inc_popsize": "restart_strategy"}
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSchedule:
-    """When a trial reports: at 0 (the untrained model), every `every` units of its report
-    axis, and at `last` (its budget). The axis is optimizer steps, or under a data budget
-    (training.max_samples, max_tokens) the data seen, so that trials of every batch size are
-    judged at equal data. The pruners' defaults are set from it."""
-
-    every: int
-    last: int
-    unit: str = "steps"
-
-    @classmethod
-    def of(cls, cfg: object) -> EvalSchedule | None:
-        """From a trial's config (composed, or typed by the app); None where it has no
-        training node."""
-        if cfg is None:
-            return None
-        axis = report_axis_of(cfg)
-        if axis is not None:
-            return cls(axis.every, axis.last, axis.unit)
-        t = getattr(cfg, "training", None)  # another app's: steps
-        every, last = getattr(t, "eval_every", None), getattr(t, "max_steps", None)
-        if every is None or last is None:
-            return None
-        return cls(int(every), int(last))
-
-
-# Passed to both pruners unless hpo.pruner_args sets it: successive halving's own default is 4,
-# not the 3 its first rung is placed for; hyperband's is 3, passed too so that it stays so.
-REDUCTION_FACTOR = 3
-
-
-def first_rung(schedule: EvalSchedule, fraction_of: int) -> int:
-    """The first evaluation step at or after max_steps / fraction_of."""
-    wanted = math.ceil(schedule.last / fraction_of)
-    return max(schedule.every, math.ceil(wanted / schedule.every) * schedule.every)
-
-
-def pruner_defaults(
-    name: str, schedule: EvalSchedule | None, args: Mapping[str, object] | None = None
-) -> dict[str, int]:
-    """The arguments of each pruner that hpo.pruner_args (`args`) does not set.
-
-    Step 0 is the untrained model, the same for every trial of one seed: never judged.
-    Successive halving (reduction factor r, 3 unless hpo.pruner_args sets it) puts its first
-    rung at the first evaluation at or after max_steps / r**2, so a trial is judged twice before
-    its end (at ~1/9 and ~1/3 of the run with r = 3): judged at the first evaluation, the tiny
-    CPU study lost its best trial, which starts slowly (docs/benchmarks.md, "HPO"). Hyperband's
-    brackets span the first evaluation to max_steps.
-    """
-    if name == "median":
-        return {"n_startup_trials": 3, "n_warmup_steps": 1}
-    if name not in ("successive_halving", "asha", "hyperband"):
-        return {}
-    factor = reduction_factor(args or {})
-    out = {"reduction_factor": factor}
-    if schedule is None:
-        return out
-    if name == "successive_halving":
-        return {**out, "min_resource": first_rung(schedule, factor**2)}
-    if name == "asha":  # successive halving's rungs, on the evaluation steps
-        rung = first_rung(schedule, factor**2)
-        return {**out, "min_resource": rung, "max_resource": schedule.last}
-    return {
-        **out,
-        "min_resource": schedule.every,
-        "max_resource": max(schedule.last, schedule.every),
-    }
-
-
-def reduction_factor(args: Mapping[str, object]) -> int:
-    """hpo.pruner_args.reduction_factor, checked here: the first rung is computed from it."""
-    factor = args.get("reduction_factor", REDUCTION_FACTOR)
-    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
-        raise SweepConfigError(
-            f"hpo.pruner_args.reduction_factor={factor!r} must be an integer >= 2"
-        )
-    return factor
 
 
 def sampler_node(
@@ -274,31 +192,6 @@ def record_oom_constraint(trial: optuna.Trial, oom: bool) -> None:
     """Optuna >= 5: mark the trial feasible (0) or not (1, it ran out of memory)."""
     if TRIAL_CONSTRAINTS:
         trial.set_constraint("oom", 1.0 if oom else 0.0)
-
-
-def build_pruner(
-    name: str, args: Mapping[str, object], n_objectives: int, schedule: EvalSchedule | None = None
-) -> optuna.pruners.BasePruner:
-    """The study's pruner. Several objectives: none here (Optuna cannot prune them); the
-    pruning companion (`_companion.py`) gets this pruner built for one."""
-    if n_objectives > 1 or name == "none":
-        return optuna.pruners.NopPruner()
-    from .._pruners._asha import AshaPruner
-
-    pruners: dict[str, Callable[..., optuna.pruners.BasePruner]] = {
-        "median": optuna.pruners.MedianPruner,
-        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-        "asha": AshaPruner,
-        "hyperband": optuna.pruners.HyperbandPruner,
-    }
-    cls = pruners[name]
-    # The rungs of asha are evaluation steps: it is told the schedule's interval.
-    placed = {"every": schedule.every} if name == "asha" and schedule is not None else {}
-    try:
-        return cls(**{**pruner_defaults(name, schedule, args), **args}, **placed)
-    except (TypeError, ValueError) as e:  # an unknown argument, or a value Optuna refuses
-        name_ = getattr(cls, "__name__", name)
-        raise SweepConfigError(f"hpo.pruner_args={args} do not fit {name_}: {e}") from None
 
 
 def grid_size(grid: Grid) -> int:

@@ -22,12 +22,12 @@ from app.hpo import BatchSizeStudyConfig, HpoConfig
 
 from .. import _private as private
 from .._errors import SweepConfigError, first_line
+from .._pruners._kind import pruner_kind
 from ..config import STOCK_KEYS
 from ._fleet_plan import FleetAsk
 from ._storage import StorageSpec, storage_spec
 
 DIRECTIONS = ("minimize", "maximize")
-PRUNERS = ("median", "successive_halving", "asha", "hyperband", "none")
 # The stock sweeper's words, as its last release (1.3.0) says them about its legacy node.
 SEARCH_SPACE_URL = "https://hydra.cc/docs/upgrades/1.1_to_1.2/changes_to_sweeper_config/"
 SEARCH_SPACE_DEPRECATED = (
@@ -348,10 +348,7 @@ def check(s: SweepSettings) -> None:
             f"{s.direction_key} has {len(s.directions)} entries but hpo.metric has "
             f"{len(s.metrics)}; give one direction per metric"
         )
-    if s.pruner not in PRUNERS:
-        raise SweepConfigError(
-            f"hpo.pruner={s.pruner!r} is not allowed; choose one of: {', '.join(PRUNERS)}"
-        )
+    pruner_kind(s.pruner)  # one line naming the allowed ones
     f = s.failure
     if not 0.0 <= f.max_rate <= 1.0:
         raise SweepConfigError(f"{f.key}={f.max_rate} must be in [0, 1]")

@@ -33,7 +33,7 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from .. import _private as private
-from .._pruners._asha import Promoter
+from .._pruners._kind import Promotes
 from .._pruners._lineage import UNCOUNTED, copy_attrs, promoted
 from ._cost import CostCap, TrialsWorth
 from ._settings import Liveness
@@ -73,7 +73,7 @@ def uncount(study: optuna.Study, trial: Trial | FrozenTrial) -> None:
 
 
 class Budget(abc.ABC):
-    """Hands out trials in batches; subclasses say how many. `promoter` (hpo.pruner=asha)
+    """Hands out trials in batches; subclasses say how many. `promoter` (a pruner that pauses: asha)
     queues a paused trial that qualifies before a new one is asked for; `cost` (hpo.budget_s)
     ends the study once its trials spent that many device-seconds; `worth`
     (hpo.budget_trials) once they trained that many full trials' worth. `n_trials` None: no
@@ -87,7 +87,7 @@ class Budget(abc.ABC):
         lock_path: str | None,
         live: Liveness,
         *,
-        promoter: Promoter | None = None,
+        promoter: Promotes | None = None,
         cost: CostCap | None = None,
         worth: TrialsWorth | None = None,
         draw: Callable[[Trial], object] | None = None,
@@ -155,7 +155,7 @@ class Budget(abc.ABC):
 
     def promote_at_end(self) -> bool:
         """The budget is spent and nothing else runs: promote what each rung's best still
-        needs (hpo.pruner=asha; `Promoter.promote(final=True)`)."""
+        needs (a pruner that pauses; `promote(final=True)`)."""
         if self.promoter is None:
             return False
         with budget_lock(self.lock_path):

@@ -29,15 +29,15 @@ from omegaconf import DictConfig, OmegaConf, read_write
 
 from .._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
 from .._fleet._jobs import FleetJob, worker_config
-from .._pruners._asha import AshaPruner, Promoter
 from .._pruners._companion import Judge, open_companion
+from .._pruners._kind import EvalSchedule, build_pruner, pruner_kind
 from .._pruners._line_sampler import LineSampler, unwrapped
 from .._report._records import describe, write_sweep_report
 from .._report._results import check_completed
 from .._study._checks import check_objectives, check_space
 from .._study._cost import CostCap, TrialsWorth, record_budget
 from .._study._fleet_plan import FleetPlan, fleet_worker, seeded_for_worker
-from .._study._samplers import EvalSchedule, build_pruner, build_sampler, grid_size
+from .._study._samplers import build_sampler, grid_size
 from .._study._settings import StockOptions, SweepSettings, read_settings
 from .._study._shared import RunBudget, StudyBudget
 from .._study._space import (
@@ -256,14 +256,14 @@ def _sampler(s: SweepSettings, space: SearchSpace) -> optuna.samplers.BaseSample
     )
     if isinstance(sampler, optuna.samplers.GridSampler):  # as stock: at most the grid
         _cap_to_grid(s, grid_size(space.grid()))
-    if s.pruner == "asha":  # a paused trial and its promotion are one observation
+    if pruner_kind(s.pruner).pauses:  # a paused trial and its promotion are one observation
         return LineSampler(sampler)
     return sampler
 
 
 def _has_companion(s: SweepSettings) -> bool:
     """Several objectives with a pruner: a companion study judges hpo.report_metric."""
-    return s.multi_objective and s.hpo_node and s.pruner != "none"
+    return s.multi_objective and s.hpo_node and pruner_kind(s.pruner).judges
 
 
 def _judge(study: optuna.Study, s: SweepSettings, pruner: optuna.pruners.BasePruner) -> Judge:
@@ -281,8 +281,8 @@ def _budget(
     schedule: EvalSchedule | None,
     space: SearchSpace,
 ) -> RunBudget | StudyBudget:
-    pruner = judge.study.pruner
-    promoter = Promoter(study, judge.study, pruner.eta) if isinstance(pruner, AshaPruner) else None
+    promotes = pruner_kind(s.pruner).promoter
+    promoter = promotes(study, judge.study) if promotes is not None else None
     cost = CostCap(study, s.budget_s) if s.budget_s is not None else None
     b = s.budget
     worth = None

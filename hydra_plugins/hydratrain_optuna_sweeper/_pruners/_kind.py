@@ -1,0 +1,154 @@
+"""Pruners by name (`hpo.pruner`), one module each in this room, found by name.
+
+A pruner module registers a `PrunerKind`: how to build the Optuna pruner, the arguments it takes
+by default from the study's evaluation schedule, and how the sweep treats what it stops (judged
+or not, paused and resumed or ended). Adding a pruner is adding a module here: nothing else
+lists or compares the names. The modules keep their leading `_` (Hydra's plugin scan imports
+every other module of the plugin at each start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from app.core.errors import ConfigError
+from app.core.registry import Registry
+from app.hpo import report_axis_of
+
+from .._errors import SweepConfigError
+
+# Passed to the halving pruners unless hpo.pruner_args sets it: successive halving's own default
+# is 4, not the 3 its first rung is placed for; hyperband's is 3, passed too so that it stays so.
+REDUCTION_FACTOR = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSchedule:
+    """When a trial reports: at 0 (the untrained model), every `every` units of its report
+    axis, and at `last` (its budget). The axis is optimizer steps, or under a data budget
+    (training.max_samples, max_tokens) the data seen, so that trials of every batch size are
+    judged at equal data. The pruners' defaults are set from it."""
+
+    every: int
+    last: int
+    unit: str = "steps"
+
+    @classmethod
+    def of(cls, cfg: object) -> EvalSchedule | None:
+        """From a trial's config (composed, or typed by the app); None where it has no
+        training node."""
+        if cfg is None:
+            return None
+        axis = report_axis_of(cfg)
+        if axis is not None:
+            return cls(axis.every, axis.last, axis.unit)
+        t = getattr(cfg, "training", None)  # another app's: steps
+        every, last = getattr(t, "eval_every", None), getattr(t, "max_steps", None)
+        if every is None or last is None:
+            return None
+        return cls(int(every), int(last))
+
+
+Defaults = Callable[[EvalSchedule | None, Mapping[str, object]], dict[str, object]]
+
+
+def no_defaults(schedule: EvalSchedule | None, args: Mapping[str, object]) -> dict[str, object]:
+    return {}
+
+
+class Promotes(Protocol):
+    """What the study's budget asks of a pruner that pauses (asha's `Promoter`)."""
+
+    def promote(self, final: bool = False) -> bool:
+        """Queue the best paused trial that qualifies now; False when none does."""
+        ...
+
+    def is_duplicate(self, trial: FrozenTrial) -> bool:
+        """A second promotion of one paused trial: the earlier copy runs, this one is dropped."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PrunerKind:
+    """One `hpo.pruner`. `build` takes the pruner's arguments (hpo.pruner_args over `defaults`)
+    and the schedule; `judges`: False where nothing judges the reports (no pruning companion
+    for several objectives); `pauses`: a trial it stops is paused, resumed later from its run
+    dir (the job must take training.resume), and the sampler sees one observation per line;
+    `promoter` (study, the study that holds the reports) queues paused trials that qualify."""
+
+    name: str
+    build: Callable[[dict[str, object], EvalSchedule | None], optuna.pruners.BasePruner]
+    defaults: Defaults = no_defaults
+    judges: bool = True
+    pauses: bool = False
+    promoter: Callable[[optuna.Study, optuna.Study], Promotes] | None = None
+
+
+PRUNERS: Registry[PrunerKind] = Registry(__package__ or __name__, "hpo.pruner", private=True)
+
+
+def pruner_kind(name: str) -> PrunerKind:
+    """The registered pruner `name`, or one line naming the allowed ones."""
+    try:
+        return PRUNERS.get(name)
+    except ConfigError as e:
+        raise SweepConfigError(str(e)) from None
+
+
+def pruner_defaults(
+    name: str, schedule: EvalSchedule | None, args: Mapping[str, object] | None = None
+) -> dict[str, object]:
+    """The arguments of pruner `name` that hpo.pruner_args (`args`) does not set."""
+    return pruner_kind(name).defaults(schedule, args or {})
+
+
+def build_pruner(
+    name: str, args: Mapping[str, object], n_objectives: int, schedule: EvalSchedule | None = None
+) -> optuna.pruners.BasePruner:
+    """The study's pruner. Several objectives: none here (Optuna cannot prune them); the
+    pruning companion (`_companion.py`) gets this pruner built for one."""
+    kind = pruner_kind(name)
+    if n_objectives > 1:
+        return optuna.pruners.NopPruner()
+    try:
+        return kind.build({**kind.defaults(schedule, args), **args}, schedule)
+    except (TypeError, ValueError) as e:  # an unknown argument, or a value Optuna refuses
+        raise SweepConfigError(
+            f"hpo.pruner_args={dict(args)} do not fit hpo.pruner={name}: {e}"
+        ) from None
+
+
+def first_rung(schedule: EvalSchedule, fraction_of: int) -> int:
+    """The first evaluation step at or after max_steps / fraction_of."""
+    wanted = math.ceil(schedule.last / fraction_of)
+    return max(schedule.every, math.ceil(wanted / schedule.every) * schedule.every)
+
+
+def reduction_factor(args: Mapping[str, object]) -> int:
+    """hpo.pruner_args.reduction_factor, checked here: the first rung is computed from it."""
+    factor = args.get("reduction_factor", REDUCTION_FACTOR)
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
+        raise SweepConfigError(
+            f"hpo.pruner_args.reduction_factor={factor!r} must be an integer >= 2"
+        )
+    return factor
+
+
+def halving_defaults(
+    schedule: EvalSchedule | None, args: Mapping[str, object]
+) -> dict[str, object]:
+    """Successive halving's (reduction factor r, 3 unless hpo.pruner_args sets it): the first
+    rung at the first evaluation at or after max_steps / r**2, so a trial is judged twice before
+    its end (at ~1/9 and ~1/3 of the run with r = 3). Step 0 is the untrained model, the same
+    for every trial of one seed: never judged; judged at the first evaluation, the tiny CPU
+    study lost its best trial, which starts slowly (docs/benchmarks.md, "HPO")."""
+    factor = reduction_factor(args)
+    if schedule is None:
+        return {"reduction_factor": factor}
+    return {"reduction_factor": factor, "min_resource": first_rung(schedule, factor**2)}

@@ -1,0 +1,155 @@
+"""Pruners are components (hydra_plugins/.../_pruners/): each module of that room registers one
+`PrunerKind`, and the sweep asks the kind, never the name, what to do. A pruner added inside a
+test, touching no other file, runs a study; and no code outside a pruner's own module compares
+its name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import optuna
+import pytest
+from omegaconf import DictConfig
+from optuna.trial import FrozenTrial, TrialState
+
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import (
+    PRUNERS,
+    EvalSchedule,
+    PrunerKind,
+    pruner_kind,
+)
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
+from hydra_plugins.hydratrain_optuna_sweeper.reporter import reporter_for_job
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+OWN_APP = ROOT / "tests" / "own_app" / "own_app.py"
+STEPS = 6
+
+
+class OddTrialsPruner(optuna.pruners.BasePruner):
+    """Stops every odd-numbered trial once it has reported `after` steps."""
+
+    def __init__(self, after: int = 3) -> None:
+        self.after = after
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        step = trial.last_step
+        return trial.number % 2 == 1 and step is not None and step >= self.after
+
+
+def _odd(args: dict[str, object], schedule: EvalSchedule | None) -> OddTrialsPruner:
+    return OddTrialsPruner(**args)  # type: ignore[arg-type]
+
+
+def _task(cfg: DictConfig) -> float:
+    """tests/own_app's loop: report every step, stop when the pruner says so."""
+    rep = reporter_for_job(cfg)
+    value = 0.0
+    for step in range(1, cfg.steps + 1):
+        value = (cfg.x - 2.0) ** 2 + 10.0 / step
+        if rep.report(step, {"val_loss": value}):
+            raise optuna.TrialPruned()
+    return value
+
+
+def _sweep(runner, tmp_path: Path, pruner: str) -> None:
+    sweep = runner(
+        calling_file=str(OWN_APP),
+        calling_module=None,
+        task_function=_task,
+        config_path=".",
+        config_name="config",
+        overrides=[
+            "hydra/sweeper=hydratrain_optuna",
+            "hydra/sweeper/sampler=random",
+            "hydra.job.chdir=false",
+            f"steps={STEPS}",
+            f"+hpo.pruner={pruner}",
+            "+hpo.pruner_args={after: 2}",
+            "+hpo.n_trials=4",
+            "+hpo.study_name=odd",
+            f"+hpo.storage={tmp_path / 'study.journal'}",
+        ],
+        temp_dir=str(tmp_path / "multirun"),  # the runner removes it at the end
+    )
+    with sweep:
+        pass
+
+
+@pytest.fixture
+def odd_pruner():
+    """A pruner registered for this test alone: one `PRUNERS.add`, no other file touched."""
+    PRUNERS.add(PrunerKind("odd_trials", build=_odd))
+    yield
+    PRUNERS.remove("odd_trials")
+
+
+def test_a_pruner_added_in_one_place_runs_a_study_and_prunes_what_it_says(
+    hydra_sweep_runner, tmp_path, odd_pruner
+):
+    _sweep(hydra_sweep_runner, tmp_path, "odd_trials")
+    study = optuna.load_study(study_name="odd", storage=journal(str(tmp_path / "study.journal")))
+    states = {t.number: t.state for t in study.trials}
+    assert states == {
+        0: TrialState.COMPLETE,
+        1: TrialState.PRUNED,
+        2: TrialState.COMPLETE,
+        3: TrialState.PRUNED,
+    }
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert all(t.last_step == 2 for t in pruned)  # its argument, from hpo.pruner_args
+
+
+def test_an_unregistered_pruner_is_one_line_naming_the_registered_ones(
+    hydra_sweep_runner, tmp_path, capsys
+):
+    with pytest.raises(SystemExit) as e:
+        _sweep(hydra_sweep_runner, tmp_path, "odd_trials")
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: hpo.pruner='odd_trials' is not allowed; choose one of: "
+        "asha, hyperband, median, none, successive_halving\n"
+    )
+
+
+def test_each_pruner_is_its_own_module_and_says_how_the_sweep_treats_it():
+    room = ROOT / "hydra_plugins" / "hydratrain_optuna_sweeper" / "_pruners"
+    assert set(PRUNERS.names()) == {
+        p.stem[1:] for p in room.glob("_*.py") if "PrunerKind(" in p.read_text()
+    } - {"kind"}
+    assert [n for n in PRUNERS.names() if pruner_kind(n).pauses] == ["asha"]
+    assert [n for n in PRUNERS.names() if not pruner_kind(n).judges] == ["none"]
+    assert all(
+        (pruner_kind(n).promoter is not None) == pruner_kind(n).pauses for n in PRUNERS.names()
+    )
+
+
+def _comparisons_of_pruner_names() -> list[str]:
+    """Lines of app/ and the sweeper that compare a registered pruner's name, outside that
+    pruner's module. The benchmarks (app/bench/) name their arms after pruners: not the sweep."""
+    names = PRUNERS.names()
+    found = []
+    for top in ("app", "hydra_plugins"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if "bench" in path.parts:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                code = line.split("#")[0]
+                if not re.search(r"==|!=|\bin\b", code):
+                    continue
+                # "none" is a common value: a comparison of it counts beside the word pruner
+                named = [
+                    n
+                    for n in names
+                    if re.search(rf"[\"']{n}[\"']", code) and (n != "none" or "pruner" in code)
+                ]
+                if named and path.stem.lstrip("_") not in named:
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    return found
+
+
+def test_no_code_outside_a_pruners_module_compares_its_name():
+    assert _comparisons_of_pruner_names() == []
