@@ -2,7 +2,7 @@
 finalization. The FSDP tests run their ranks through it: a gloo worker thread still alive there
 aborts the process now and then ("terminate called without an active exception"), so a run
 must end with its process groups freed and their threads joined
-(app/engine/distributed.py: release_mesh_groups)."""
+(app/engine/comms/distributed.py: release_mesh_groups)."""
 
 from __future__ import annotations
 

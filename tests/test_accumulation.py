@@ -12,9 +12,9 @@ from app.components.schedule import build_scheduler
 from app.components.tasks.causal_lm import CausalLM
 from app.config import TrainingConfig
 from app.config.budget import budget_of
-from app.engine.batch.plan import BatchPlan, fixed_plan, split_sizes
+from app.engine.batch_plan import BatchPlan, fixed_plan, split_sizes
 from app.engine.run import Run
-from app.engine.step import loss_sum, train_step
+from app.engine.train.step import loss_sum, train_step
 from tests.conftest import lm_model
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from app.core.outcomes import Paused, RunOutcome, Status
 from app.engine.ranks import RankRecord, one_outcome, record_path
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._asha import PAUSED
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs

@@ -13,12 +13,12 @@ from app.components.optim import OPTIMIZERS
 from app.config import load_config
 from app.config.compose import compose
 from app.core.outcomes import TrainingOOM
-from app.engine import checkpoint as ckpt
 from app.engine.batch import cache as batch_cache
 from app.engine.batch import choice
 from app.engine.batch.probe import auto_plan
+from app.engine.records.summary import Summary
 from app.engine.run import Observers
-from app.engine.summary import Summary
+from app.engine.saving import checkpoint as ckpt
 from tests.conftest import AUTO_TINY
 from tests.fakes import Attempts, RecordingLM
 
@@ -242,7 +242,7 @@ def test_cache_key_holds_what_changes_memory(cache_dir):
 def test_cache_key_holds_the_parallelism_and_the_world_size(cache_dir):
     """What fits a rank depends on how the model is spread (FSDP: 1/world of the state; DDP:
     its gradient buckets): each layout and world size has its own entry."""
-    from app.engine.distributed import DistInfo
+    from app.engine.comms.distributed import DistInfo
 
     setup, model, _ = parts(tiny_cfg(cache_dir))
     layouts = {

@@ -119,13 +119,13 @@ def spec(tmp_path: Path, contender: str) -> dict:
 @pytest.mark.parametrize("contender", ["trainer", "bare"])
 def test_worker_in_process(tmp_path: Path, monkeypatch, contender: str) -> None:
     monkeypatch.setenv("HYDRATRAIN_CACHE", str(tmp_path / "cache"))
-    import app.engine.loop
+    import app.engine.train.loop
 
-    original = app.engine.loop.step_with_recovery
+    original = app.engine.train.loop.step_with_recovery
     result = {"trainer": workers.work_trainer, "bare": workers.work_bare}[contender](
         spec(tmp_path, contender)
     )
-    assert app.engine.loop.step_with_recovery is original  # the timing hook is removed again
+    assert app.engine.train.loop.step_with_recovery is original  # the timing hook is removed again
     assert result["tokens_per_sec"] > 0
     assert result["tokens_per_step"] == 4 * 32
     assert result["mfu"] is None  # CPU

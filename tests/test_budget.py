@@ -15,10 +15,10 @@ from app.config import ConfigError
 from app.config.budget import DEFAULT_MAX_STEPS, budget_of
 from app.config.training import TrainingConfig
 from app.core.outcomes import Pruned, TrainingOOM
-from app.engine import checkpoint as ckpt
+from app.engine.records.summary import Summary
 from app.engine.run import Observers
 from app.engine.runner import run_training
-from app.engine.summary import Summary
+from app.engine.saving import checkpoint as ckpt
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import EvalSchedule, build_pruner
 from tests import procs
 from tests.conftest import ROOT, compose, config, tiny

@@ -11,9 +11,9 @@ from app.components.tasks.causal_lm import CausalLM
 from app.config import DataConfig, load_config
 from app.config.compose import compose
 from app.core.outcomes import Pruned
+from app.engine.records.summary import Summary
 from app.engine.run import Observers
 from app.engine.runner import run_training
-from app.engine.summary import Summary
 from tests.conftest import AUTO_TINY
 
 pytestmark = pytest.mark.integration

@@ -18,12 +18,12 @@ from app.components.tasks.base import TaskData
 from app.components.tasks.classification import SequenceClassification
 from app.config import ModelConfig, TaskConfig, TrainingConfig
 from app.config.budget import budget_of
-from app.engine import checkpoint as ckpt
-from app.engine.batch.plan import BatchPlan
+from app.engine.batch_plan import BatchPlan
+from app.engine.records.summary import Summary
 from app.engine.run import Run
 from app.engine.runner import run_training
-from app.engine.step import train_step
-from app.engine.summary import Summary
+from app.engine.saving import checkpoint as ckpt
+from app.engine.train.step import train_step
 from tests import procs
 from tests.conftest import config
 

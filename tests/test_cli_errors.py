@@ -7,7 +7,7 @@ import torch
 
 from app.cli.preflight import one_line, split_argv
 from app.config import ConfigError, load_config
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 from tests import procs
 from tests.conftest import compose, tiny
 

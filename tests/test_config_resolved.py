@@ -12,8 +12,8 @@ from app.components.data.loader import resolve_num_workers
 from app.components.data.rows import map_processes
 from app.config import ConfigError
 from app.config.training import EvalMicroBatch, ResumeFrom
-from app.engine import checkpoint as ckpt
-from app.engine.batch.plan import EVAL_FACTOR, eval_micro_size
+from app.engine.batch_plan import EVAL_FACTOR, eval_micro_size
+from app.engine.saving import checkpoint as ckpt
 from tests.conftest import config
 
 pytestmark = pytest.mark.unit

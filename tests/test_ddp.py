@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from app.components.tasks.causal_lm import CausalLM
-from app.engine import checkpoint as ckpt
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
+from app.engine.saving import checkpoint as ckpt
 from tests import procs
 from tests.conftest import tiny
 
@@ -65,8 +65,8 @@ def test_each_rank_evaluates_its_share_and_the_sums_make_the_whole():
     """Evaluation under DDP: rank r sees only its share of the validation blocks; the summed
     (loss, tokens) over ranks give the single-process validation loss (to float32 rounding:
     the batches are cut differently)."""
-    from app.engine.distributed import DistInfo
-    from app.engine.evaluation import evaluate, local_sums
+    from app.engine.comms.distributed import DistInfo
+    from app.engine.train.evaluation import evaluate, local_sums
     from tests.test_accumulation import _run, _tiny_model_and_blocks
 
     model, blocks = _tiny_model_and_blocks()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from app.core.outcomes import WriteFailed
-from app.engine import checkpoint as ckpt
+from app.engine.saving import checkpoint as ckpt
 from tests import procs
 from tests.conftest import tiny
 

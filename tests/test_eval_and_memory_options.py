@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import app.engine.evaluation as evaluation
 import app.engine.runner as runner
+import app.engine.train.evaluation as evaluation
 from app.components.hardware.cuda_alloc import apply_expandable_segments, merged, target_variable
 from app.config import TrainingConfig
+from app.engine.records.summary import Summary
 from app.engine.runner import run_training
-from app.engine.summary import Summary
 from tests.conftest import ROOT, config, tiny
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from app.cli.export import EXPORT_FILES, EXPORT_MARKER
-from app.engine import checkpoint as ckpt
+from app.engine.records.summary import Summary
 from app.engine.runner import run_training
-from app.engine.summary import Summary
+from app.engine.saving import checkpoint as ckpt
 from tests import procs
 from tests.conftest import TINY, config, tiny, train_here
 
@@ -440,9 +440,9 @@ class Wrapped(torch.nn.Module):
 
 
 def test_a_wrapped_model_exports_its_plain_weights(tmp_path, monkeypatch):
-    import app.engine.parallel
+    import app.engine.parallel.wrap
 
-    monkeypatch.setattr(app.engine.parallel, "maybe_compile", lambda model, *a: Wrapped(model))
+    monkeypatch.setattr(app.engine.parallel.wrap, "maybe_compile", lambda model, *a: Wrapped(model))
     summary = run_training(config(tiny(tmp_path, "training.max_steps=2")), tmp_path / "run")
     names = set(_tensors(Path(summary.export_dir)))
     assert names and all(n.startswith(("transformer.", "lm_head.")) for n in names), names

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 from tests import procs
 from tests.conftest import TINY
 from tests.exit_threads import EXIT_LINE
@@ -241,7 +241,7 @@ def test_a_kill_during_a_sharded_write_leaves_the_previous_checkpoint_the_latest
     assert (checkpoints / ".step_00000006.tmp" / "__1_0.distcp").is_file()
     assert not (checkpoints / "step_00000006").exists()
     from app.config.training import ResumeFrom
-    from app.engine import checkpoint as ckpt
+    from app.engine.saving import checkpoint as ckpt
 
     assert ckpt.find_resume_checkpoint(ResumeFrom(), run_dir) == checkpoints / "step_00000003"
     assert ckpt.load_checkpoint(checkpoints / "step_00000003").step == 3

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from app.config.training import ResumeFrom
 from app.core.errors import ConfigError
 from app.core.outcomes import TrainingOOM
-from app.engine.batch.plan import BatchPlan, eval_padding, fixed_plan
+from app.engine.batch_plan import BatchPlan, eval_padding, fixed_plan
 from tests.conftest import TINY, config
 
 pytestmark = pytest.mark.integration
@@ -80,7 +80,7 @@ class Payload:
 
 
 def test_a_sharded_checkpoint_whose_index_holds_code_is_refused_without_running_it(tmp_path):
-    from app.engine import checkpoint as ckpt
+    from app.engine.saving import checkpoint as ckpt
 
     step = tmp_path / "checkpoints" / "step_00000003"
     _small_state(step)
@@ -95,7 +95,7 @@ def test_a_sharded_checkpoint_whose_index_holds_code_is_refused_without_running_
 def test_a_sharded_checkpoint_holding_anything_but_tensors_is_refused(tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from app.engine import checkpoint as ckpt
+    from app.engine.saving import checkpoint as ckpt
 
     step = tmp_path / "step_00000003"
     # DCP stores a non-tensor as a pickle it would read back with torch.load(weights_only=False).
@@ -107,7 +107,7 @@ def test_a_sharded_checkpoint_holding_anything_but_tensors_is_refused(tmp_path):
 
 def test_fsdp_refuses_fp16_in_one_line():
     from app.components.hardware.precision import PrecisionPlan
-    from app.engine.fsdp import check_precision
+    from app.engine.parallel.fsdp import check_precision
 
     fp16 = PrecisionPlan("fp16", torch.float16, True, False, "test")
     with pytest.raises(ConfigError, match=r"training\.parallelism=fsdp with precision=fp16") as exc:
@@ -132,8 +132,8 @@ def group_of_one():
 
 def test_the_agreement_raises_on_every_rank_and_ends_the_run_inside_an_update(group_of_one):
     from app.config.training import FaultsConfig
-    from app.engine.agreement import AgreedOOM, Agreement
-    from app.engine.batch.faults import FaultInjector
+    from app.engine.comms.agreement import AgreedOOM, Agreement
+    from app.engine.faults import FaultInjector
 
     faults = FaultInjector(FaultsConfig(oom_above_micro_batch=2, oom_phase="backward"))
     agreement = Agreement(enabled=True)
@@ -157,7 +157,7 @@ def test_fsdp_finds_one_unit_per_transformer_block_in_every_family(family):
     """The blocks FSDP shards one by one: each family's list of hidden layers, nothing else."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from app.engine.fsdp import transformer_blocks
+    from app.engine.parallel.fsdp import transformer_blocks
 
     size = {"hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64}
     if family == "gpt2":
@@ -177,8 +177,8 @@ def test_a_rank_that_cannot_meet_the_others_ends_as_an_oom(group_of_one, monkeyp
     """Out of memory inside one of FSDP's collectives: the others wait in it, not at a
     boundary, so the agreement's own collective fails (or times out). The rank that ran out
     ends as an OOM (a trial: pruned, reason oom), not as a distributed error."""
-    import app.engine.agreement as agreement_module
-    from app.engine.agreement import Agreement
+    import app.engine.comms.agreement as agreement_module
+    from app.engine.comms.agreement import Agreement
 
     def peers_gone(*args, **kwargs):
         raise dist.DistBackendError("[gloo] Timed out waiting 1800000ms for recv operation")
@@ -214,8 +214,8 @@ def test_a_step_written_again_replaces_its_checkpoint_whole_even_if_killed_betwe
     its name: a kill in between leaves no half-deleted directory under a checkpoint's name."""
     import os
 
-    from app.engine import checkpoint as ckpt
-    from app.engine import sharded_checkpoint as sharded
+    from app.engine.saving import checkpoint as ckpt
+    from app.engine.saving import sharded as sharded
 
     checkpoints = tmp_path / "checkpoints"
     previous, final = checkpoints / "step_00000003", checkpoints / "step_00000006"

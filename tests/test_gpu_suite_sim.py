@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 from app.gpu_suite import context, report
 from app.gpu_suite.context import StepContext, Suite
 from app.gpu_suite.steps import STEPS

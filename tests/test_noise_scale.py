@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from app.config import ConfigError
-from app.engine.noise_scale import NoiseScale
+from app.engine.records.noise_scale import NoiseScale
+from app.engine.records.summary import Summary
 from app.engine.runner import run_training
-from app.engine.step import train_step
-from app.engine.summary import Summary
+from app.engine.train.step import train_step
 from tests.conftest import config, tiny
 from tests.test_accumulation import _run, _tiny_model_and_blocks
 

@@ -1,4 +1,4 @@
-"""Out-of-memory recovery in training and evaluation (app/engine/recovery.py), with injected
+"""Out-of-memory recovery in training and evaluation (app/engine/train/recovery.py), with injected
 OOMs on CPU. The engine is watched through its seams: a recording task and step hooks."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 from app.config import load_config
 from app.config.compose import compose
 from app.core.outcomes import TrainingOOM
+from app.engine.records.summary import Summary
 from app.engine.run import Observers, StepHooks
 from app.engine.runner import run_training
-from app.engine.summary import Summary
 from tests.conftest import AUTO_TINY
 from tests.fakes import Attempts, MicroBatchFrom, RecordingLM
 

@@ -19,9 +19,9 @@ import torch
 from optuna.trial import TrialState
 
 from app.core.outcomes import RunOutcome, Status
-from app.engine.agreement import Agreement
-from app.engine.distributed import DistInfo
-from app.engine.peers import PeersLost, answering_peers
+from app.engine.comms.agreement import Agreement
+from app.engine.comms.distributed import DistInfo
+from app.engine.comms.peers import PeersLost, answering_peers
 from app.engine.ranks import RankRecord, one_outcome, record_path
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs

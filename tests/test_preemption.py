@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from app.core.preemption import StopRequest, stop_on_signals
-from app.engine import checkpoint as ckpt
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
+from app.engine.saving import checkpoint as ckpt
 from tests import procs
 from tests.conftest import ROOT, tiny
 

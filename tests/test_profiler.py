@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import app.engine.loop as loop
+import app.engine.train.loop as loop
 from app.config import ConfigError, load_config
 from app.engine.runner import run_training
 from tests.conftest import TINY, compose, config, tiny
@@ -110,7 +110,7 @@ def test_a_window_past_the_last_step_is_reported_as_the_steps_recorded(tmp_path)
     import torch
     from omegaconf import OmegaConf
 
-    from app.engine.profiling import StepProfiler
+    from app.engine.records.profiling import StepProfiler
 
     window = OmegaConf.create({"steps": 10, "start_step": 1})
     profiler = StepProfiler(window, tmp_path, torch.device("cpu"), max_steps=3)
@@ -122,7 +122,7 @@ def test_a_run_resumed_inside_the_window_records_from_its_first_step(tmp_path):
     import torch
     from omegaconf import OmegaConf
 
-    from app.engine.profiling import StepProfiler
+    from app.engine.records.profiling import StepProfiler
 
     window = OmegaConf.create(
         {

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 from app.hpo import RUN_METRICS, TrialAttrs, objectives
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,8 @@ import torch
 from app.config import ConfigError
 from app.config.training import ResumeFrom
 from app.core.outcomes import TrainingOOM
-from app.engine import checkpoint as ckpt
 from app.engine.runner import run_training
+from app.engine.saving import checkpoint as ckpt
 from tests.conftest import config, tiny
 
 pytestmark = pytest.mark.integration

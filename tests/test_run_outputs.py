@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from app.engine.records.summary import Summary
 from app.engine.runner import run_training
-from app.engine.summary import Summary
 from tests.conftest import config, tiny
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._asha import PAUSED
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import root
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal

@@ -111,7 +111,7 @@ def test_the_cost_objective_of_a_promoted_trial_is_its_whole_lines(tmp_path):
 
 @pytest.mark.slow
 def test_the_real_trainer_records_its_device_seconds_and_a_study_can_minimize_them(tmp_path):
-    from app.engine.summary import Summary
+    from app.engine.records.summary import Summary
 
     args = [
         "hpo=optuna",

@@ -8,7 +8,7 @@ import optuna
 import pytest
 from omegaconf import OmegaConf
 
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._study._checks import check_objectives
 from hydra_plugins.hydratrain_optuna_sweeper._study._settings import StockOptions, read_settings
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal

@@ -11,10 +11,10 @@ from app.components.hardware.devices import PRESET_DIR, DeviceInfo, load_presets
 from app.components.models.shape import model_shape
 from app.config.budget import budget_of
 from app.config.training import TrainingConfig
-from app.engine.distributed import DistInfo
-from app.engine.metering import Throughput, Window, log_window
-from app.engine.summary import Summary
-from app.engine.telemetry import flops_per_token, mfu
+from app.engine.comms.distributed import DistInfo
+from app.engine.records.summary import Summary
+from app.engine.records.telemetry import flops_per_token, mfu
+from app.engine.train.metering import Throughput, Window, log_window
 from tests import procs
 
 pytestmark = pytest.mark.integration

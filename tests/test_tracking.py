@@ -11,8 +11,8 @@ import pytest
 from app.components.tracking import tracked_config
 from app.components.tracking.base import Sink
 from app.core.outcomes import TrainingOOM
+from app.engine.records.telemetry import RunLogger
 from app.engine.runner import run_training
-from app.engine.telemetry import RunLogger
 from tests import procs
 from tests.conftest import TINY, compose, config, tiny
 

@@ -25,7 +25,7 @@ import tempfile
 from typing import TypedDict
 
 from app.bench.hpo import Goals, Params, TrialRow, fatal_env, run_study
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 
 BUDGET = 3840  # samples: 120 steps at batch 32
 BATCHES = "choice(8, 16, 32, 64)"

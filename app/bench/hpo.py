@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial

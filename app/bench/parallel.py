@@ -5,7 +5,7 @@ Every arm trains the default tiny GPT-2 on the built-in corpus on CPU (gloo), on
 rank, at the same effective batch, micro-batch and steps; the arms differ only in
 `training.parallelism` and in `training.auto_batch.oom_recovery` (under torchrun the ranks
 agree on out-of-memory errors at every phase boundary only while recovery is on:
-app/engine/agreement.py). Arms alternate within a round; medians over rounds.
+app/engine/comms/agreement.py). Arms alternate within a round; medians over rounds.
 
 Reported per arm: tokens/s (the run's steady state, summary.json), seconds per optimizer step
 derived from it, and each rank's model state (parameters + gradients + optimizer state, counted
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 
 EFFECTIVE, MICRO, RANKS = 32, 2, 2
 RUN = [

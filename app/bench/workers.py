@@ -63,7 +63,7 @@ def _result(
 ) -> RunResult:
     """Throughput in tokens that carry data and in samples (the work the clock counted over the
     measured steps); `unit` says which one the task reports (app/bench/tasks.py)."""
-    from app.engine.telemetry import mfu
+    from app.engine.records.telemetry import mfu
 
     seconds = clock.measured_seconds()
     steps = clock.total - clock.warmup
@@ -109,7 +109,7 @@ def _device_setup(cfg, host_malloc: str):
 
 def _flops(model, cfg, device, precision, task) -> tuple[int, float | None]:
     from app.components.models.shape import model_shape
-    from app.engine.telemetry import flops_per_token
+    from app.engine.records.telemetry import flops_per_token
 
     s = model_shape(model)
     seq = task.sequence_length(cfg.data)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from app.components.data.task_data import TaskData
     from app.components.tasks.base import Task
-    from app.engine.checkpoint import TrainState
+    from app.engine.saving.checkpoint import TrainState
 
 
 class ExportError(Exception):
@@ -59,8 +59,8 @@ def export_checkpoint(source: Path, out: Path | None = None) -> tuple[Path, Path
 
 
 def find_checkpoint(source: Path) -> Path:
-    from app.engine import checkpoint as ckpt
-    from app.engine.sharded_checkpoint import is_sharded
+    from app.engine.saving import checkpoint as ckpt
+    from app.engine.saving.sharded import is_sharded
 
     if source.is_file() or is_sharded(source):
         return source
@@ -132,8 +132,8 @@ def load_state(path: Path) -> TrainState:
     import torch
 
     from app.core.errors import ConfigError
-    from app.engine.checkpoint import TrainState, load_checkpoint
-    from app.engine.sharded_checkpoint import is_sharded
+    from app.engine.saving.checkpoint import TrainState, load_checkpoint
+    from app.engine.saving.sharded import is_sharded
 
     if is_sharded(path):  # its shards load into the model once it is rebuilt
         try:
@@ -219,7 +219,7 @@ def rebuild(
     model = task.build_model(settings.model, data)
     try:
         if state.shards is not None:
-            from app.engine.sharded_checkpoint import load_weights
+            from app.engine.saving.sharded import load_weights
 
             load_weights(model, Path(state.shards))
         else:
@@ -294,7 +294,7 @@ def check_rebuilt(
 def default_out(checkpoint: Path) -> Path:
     """<run dir>/model for the run's latest checkpoint; an earlier one gets model-step_N, so
     it never replaces the export of the finished run."""
-    from app.engine import checkpoint as ckpt
+    from app.engine.saving import checkpoint as ckpt
 
     parent, run_dir = checkpoint.parent, run_dir_of(checkpoint)
     latest = ckpt.list_checkpoints(parent)

@@ -50,7 +50,8 @@ class AutoBatchConfig:
 
 @dataclass
 class ProfilerConfig:
-    """A torch.profiler window over optimizer steps (app/engine/profiling.py); steps=0: off."""
+    """A torch.profiler window over optimizer steps (app/engine/records/profiling.py);
+    steps=0: off."""
 
     steps: int = count(0)  # how many optimizer steps to record
     start_step: int = count(5)  # the first of them, after the warm-up steps
@@ -61,7 +62,8 @@ class ProfilerConfig:
 
 @dataclass
 class FsdpConfig:
-    """training.parallelism=fsdp (app/engine/fsdp.py): FSDP2 per transformer block and root."""
+    """training.parallelism=fsdp (app/engine/parallel/fsdp.py): FSDP2 per transformer block
+    and root."""
 
     # Free each block's gathered weights after its forward and gather them again for its
     # backward (the least memory); false keeps them until the backward: one all-gather fewer
@@ -72,7 +74,7 @@ class FsdpConfig:
 @dataclass(frozen=True)
 class EvalMicroBatch:
     """training.eval_micro_batch_size as the engine reads it: `size` where an int is set;
-    `scaled` for auto, a multiple of the training micro-batch (app/engine/batch/plan.py);
+    `scaled` for auto, a multiple of the training micro-batch (app/engine/batch_plan.py);
     neither for null, the training micro-batch itself."""
 
     size: int | None = None
@@ -115,7 +117,8 @@ class TrainingConfig:
     # none | sqrt | linear: training.lr is the LR at reference_batch, scaled to the run's batch.
     lr_scaling: str = one_of("none", LR_SCALINGS)
     # Estimate the gradient noise scale B_simple (McCandlish et al. 2018), which predicts the
-    # critical batch size, from the gradients each step already has (app/engine/noise_scale.py).
+    # critical batch size, from the gradients each step already has
+    # (app/engine/records/noise_scale.py).
     noise_scale: bool = False
     # An optimizer of app/components/optim/ (adamw, lion, adafactor) and its own settings, a
     # mapping of the fields of that optimizer's Args (e.g. {beta2_decay: -0.8} for adafactor):

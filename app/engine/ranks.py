@@ -4,8 +4,8 @@ torchrun runs), with DDP as under torchrun.
 
 One place owns the trial: rank 0 reports to it (the others get a reporter that does nothing),
 and its decision (prune, or pause at an asha rung) reaches every rank at the evaluation where
-it is taken (app/engine/evaluation.py), as a stop signal does after each step
-(app/engine/loop.py): all ranks stop after the same step, and on a pause each saves its part
+it is taken (app/engine/train/evaluation.py), as a stop signal does after each step
+(app/engine/train/loop.py): all ranks stop after the same step, and on a pause each saves its part
 of the checkpoint that the trial's promotion resumes on every rank. Every rank trains the
 config the worker composed for the trial, pickled to it: the same sampled parameters by
 construction.
@@ -47,7 +47,7 @@ from app.core.outcomes import (
     TrainingOOM,
     status_of,
 )
-from app.engine.peers import exit_when_a_peer_fails
+from app.engine.comms.peers import exit_when_a_peer_fails
 from app.engine.run import Observers, Run, Samples, StepHooks
 from app.hpo import NullReporter, build_reporter
 

@@ -10,13 +10,13 @@ from pathlib import Path
 from app.components.optim import OPTIMIZERS
 from app.components.tracking import tracked_config
 from app.config.schema import TrainConfig
-from app.engine.batch.plan import BatchPlan
 from app.engine.batch.probe import describe as describe_choice
 from app.engine.batch.probe import plan_scalars
-from app.engine.rank_memory import expected_state_bytes, memory_line, whole_model_bytes
+from app.engine.batch_plan import BatchPlan
+from app.engine.parallel.rank_memory import expected_state_bytes, memory_line, whole_model_bytes
+from app.engine.records.summary import Summary
+from app.engine.records.telemetry import mfu, peak_memory_bytes, write_json_atomic
 from app.engine.run import Machine, Run
-from app.engine.summary import Summary
-from app.engine.telemetry import mfu, peak_memory_bytes, write_json_atomic
 
 log = logging.getLogger(__name__)
 

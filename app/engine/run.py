@@ -19,15 +19,15 @@ from app.components.tasks.base import Task
 from app.config.budget import Budget
 from app.config.training import TrainingConfig
 from app.core.preemption import StopRequest
-from app.engine.agreement import Agreement
-from app.engine.batch.faults import FaultInjector
-from app.engine.batch.plan import BatchPlan
-from app.engine.distributed import DistInfo
-from app.engine.noise_scale import NoiseScale
+from app.engine.batch_plan import BatchPlan
+from app.engine.comms.agreement import Agreement
+from app.engine.comms.distributed import DistInfo
+from app.engine.faults import FaultInjector
+from app.engine.records.noise_scale import NoiseScale
 from app.hpo import NullReporter, Reporter
 
 if TYPE_CHECKING:
-    from app.engine.telemetry import RunLogger
+    from app.engine.records.telemetry import RunLogger
 
 
 class Samples(Protocol):
@@ -102,7 +102,7 @@ class ModelFacts:
     identity: dict[str, object] = field(default_factory=dict)  # the settings that shape it
     tokenizer: str | None = None  # the fingerprint of <run dir>/tokenizer (app/cli/export.py)
     # This rank's parameters, gradients and optimizer state in bytes, measured on its tensors
-    # (FSDP: its shards) after the first optimizer step (app/engine/rank_memory.py).
+    # (FSDP: its shards) after the first optimizer step (app/engine/parallel/rank_memory.py).
     state_bytes: dict[str, int] | None = None
 
 
@@ -139,7 +139,7 @@ class Run:
         exit, about 1 run in 10); FSDP's modules and the optimizer's DTensors hold the group
         too, in reference cycles that only a collection frees. Once they are gone, shutdown()
         frees the group and joins its threads while Python still serves them
-        (app/engine/distributed.py: release_mesh_groups)."""
+        (app/engine/comms/distributed.py: release_mesh_groups)."""
         del self.model, self.raw_model, self.optimizer, self.scheduler
         if self.dist.enabled or self.dist.owns_group:
             gc.collect()  # a full collection (~0.15 s): only where a process group holds it

@@ -28,19 +28,19 @@ from app.core import run_dir_guard
 from app.core.errors import ConfigError, first_line
 from app.core.outcomes import RunOutcome, Status
 from app.core.preemption import stop_on_signals
-from app.engine import checkpoint as ckpt
-from app.engine.agreement import Agreement
 from app.engine.batch.cache import ProbeSetup
-from app.engine.batch.faults import FaultInjector
-from app.engine.batch.plan import BatchPlan, eval_micro_size, fixed_plan
 from app.engine.batch.probe import auto_plan, oom_listener
-from app.engine.distributed import DistInfo, init_distributed, shared_run_dir, shutdown
-from app.engine.fsdp import full_state_dict
-from app.engine.loop import train
-from app.engine.noise_scale import NoiseScale, check_plan
-from app.engine.parallel import agreement, forward_model, place
-from app.engine.peers import answering_peers, peer_timeout_s
-from app.engine.rank_memory import record_ranks
+from app.engine.batch_plan import BatchPlan, eval_micro_size, fixed_plan
+from app.engine.comms.agreement import Agreement
+from app.engine.comms.distributed import DistInfo, init_distributed, shared_run_dir, shutdown
+from app.engine.comms.peers import answering_peers, peer_timeout_s
+from app.engine.faults import FaultInjector
+from app.engine.parallel.fsdp import full_state_dict
+from app.engine.parallel.rank_memory import record_ranks
+from app.engine.parallel.wrap import agreement, forward_model, place
+from app.engine.records.noise_scale import NoiseScale, check_plan
+from app.engine.records.summary import Summary
+from app.engine.records.telemetry import RunLogger, flops_per_token
 from app.engine.report import (
     closing_line,
     describe_run,
@@ -49,10 +49,10 @@ from app.engine.report import (
     write_summary,
 )
 from app.engine.run import Machine, ModelFacts, Observers, Run, Samples
+from app.engine.saving import checkpoint as ckpt
+from app.engine.saving.state import restore
 from app.engine.start_checks import AlreadyComplete, check_start, model_identity
-from app.engine.state import restore
-from app.engine.summary import Summary
-from app.engine.telemetry import RunLogger, flops_per_token
+from app.engine.train.loop import train
 from app.hpo import TrialAttrs, build_reporter
 
 
@@ -112,7 +112,7 @@ def resolve_machine(config: TrainConfig, device: DeviceInfo, dist: DistInfo) -> 
     preset = effective_preset(config.gpu, device)
     precision = resolve_precision(config.precision.name, device, preset)
     if dist.sharded:
-        from app.engine.fsdp import check_precision
+        from app.engine.parallel.fsdp import check_precision
 
         check_precision(precision)
     warning = tokenizer_warning(config.model, config.data) if not _from_config(config) else None

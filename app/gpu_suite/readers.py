@@ -1,8 +1,8 @@
 """Reading what the trainer, the bench and pytest leave behind: summary.json, metrics.jsonl,
 the start-up banner, a JUnit XML file and the bench's JSON report.
 
-summary.json is read through the trainer's own record, `Summary` (app/engine/summary.py, which
-imports nothing of torch or the rest of the trainer), and the bench's rows through its `Row`:
+summary.json is read through the trainer's own record, `Summary` (app/engine/records/summary.py,
+which imports nothing of torch or the rest of the trainer), and the bench's rows through its `Row`:
 a field renamed there is a mypy error here, not a figure that silently reads None. Everything
 else of the trainer is run through its command line, never imported, so the suite's own
 process stays free of torch."""
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.bench.report import Row
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 
 MetricsRow = Mapping[str, object]  # one line of metrics.jsonl: a step and its scalars
 

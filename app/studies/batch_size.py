@@ -10,7 +10,7 @@ samples E a batch size B needs to reach a loss follow
 so S is linear in 1/B: a least-squares line through the study's points gives S_min (its
 intercept) and S_min * B_crit (its slope). Below B_crit a larger batch cuts the steps nearly in
 proportion; above it, it mostly spends more data. The gradient noise scale B_simple
-(training.noise_scale, app/engine/noise_scale.py) predicts B_crit from inside one run.
+(training.noise_scale, app/engine/records/noise_scale.py) predicts B_crit from inside one run.
 
 Pure: rows in, a typed result out; the sweeper feeds it the study's trials
 (hydra_plugins/.../_batch_study.py) and plots it with `plot`.

@@ -55,7 +55,7 @@ class OptunaReporter:
     several objectives (`_companion.py`). Under hpo.pruner=asha the pruner's "stop" is a pause
     at a rung: Paused is raised, and the run checkpoints that step. A trial on several ranks
     has this reporter on rank 0 alone: the run hands its word to the others before any acts
-    on it (app/engine/evaluation.py), so every rank pauses there and saves its part.
+    on it (app/engine/train/evaluation.py), so every rank pauses there and saves its part.
 
     A trial that another worker failed as stale (this one was paused past hpo.stale_after)
     can no longer be changed: the job then goes on without reporting, after one warning."""

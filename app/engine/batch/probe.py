@@ -1,6 +1,6 @@
 """`training.micro_batch_size=auto`: probe the largest micro-batch that trains, pick, cache.
 
-The probe runs the run's own code path (app/engine/step.py: forward, backward and the
+The probe runs the run's own code path (app/engine/train/step.py: forward, backward and the
 optimizer step, with the run's precision, compile setting and fault injection) plus one evaluation
 micro-batch per candidate, on full-length blocks: packed blocks are all seq_len + 1 tokens, so
 that is the worst case. Each candidate gets a warm-up step first (optimizer state, cudnn
@@ -48,9 +48,9 @@ from app.engine.batch.cache import (
     record_oom,
 )
 from app.engine.batch.choice import agree_across_ranks, candidate_rows, choose, memory_limit
-from app.engine.batch.plan import BatchPlan, fixed_plan
 from app.engine.batch.search import MemoryMeter, Probe
-from app.engine.distributed import agree_all
+from app.engine.batch_plan import BatchPlan, fixed_plan
+from app.engine.comms.distributed import agree_all
 
 log = logging.getLogger(__name__)
 

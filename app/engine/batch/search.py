@@ -12,7 +12,7 @@ outcome (an OOM on any rank fails it, the highest peak and the lowest speed coun
 budget, so they try the same sizes in the same order and cache the worst rank's results. Under
 DDP the probe trains the model without its DDP wrapper (no collective in a step); under FSDP it
 trains the sharded model, whose steps are collectives, with the OOM agreement at each phase
-boundary (app/engine/agreement.py).
+boundary (app/engine/comms/agreement.py).
 """
 
 from __future__ import annotations
@@ -35,17 +35,17 @@ from app.components.optim import OPTIMIZERS
 from app.components.schedule import build_scheduler
 from app.components.tasks.base import TaskData, move
 from app.config.budget import budget_of
-from app.engine import checkpoint as ckpt
-from app.engine.agreement import AgreedOOM, Agreement
 from app.engine.batch.cache import ProbeSetup, Trial, Trials, failed, fits_below_failure
 from app.engine.batch.choice import split_candidates
-from app.engine.batch.faults import FaultInjector
-from app.engine.batch.plan import EVAL_FACTOR, BatchPlan
-from app.engine.distributed import DistInfo, agree_all, host_buffer, without_autograd
-from app.engine.evaluation import eval_sums
-from app.engine.recovery import release_after_oom
+from app.engine.batch_plan import EVAL_FACTOR, BatchPlan
+from app.engine.comms.agreement import AgreedOOM, Agreement
+from app.engine.comms.distributed import DistInfo, agree_all, host_buffer, without_autograd
+from app.engine.faults import FaultInjector
 from app.engine.run import Run
-from app.engine.step import train_step
+from app.engine.saving import checkpoint as ckpt
+from app.engine.train.evaluation import eval_sums
+from app.engine.train.recovery import release_after_oom
+from app.engine.train.step import train_step
 
 log = logging.getLogger(__name__)
 

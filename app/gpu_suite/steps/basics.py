@@ -6,7 +6,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
 from app.gpu_suite.steps.common import TINY, completed, log_of, loss_fell, run_figures, train

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.engine.summary import Summary
+from app.engine.records.summary import Summary
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
 

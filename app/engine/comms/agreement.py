@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from app.core.outcomes import TrainingOOM
-from app.engine.batch.faults import FaultInjector
-from app.engine.distributed import host_buffer
+from app.engine.comms.distributed import host_buffer
+from app.engine.faults import FaultInjector
 
 
 class AgreedOOM(torch.OutOfMemoryError):

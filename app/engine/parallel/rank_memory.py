@@ -8,9 +8,9 @@ from collections.abc import Iterable
 
 import torch
 
-from app.engine.distributed import DistInfo, host_buffer
+from app.engine.comms.distributed import DistInfo, host_buffer
+from app.engine.records.summary import Summary
 from app.engine.run import Run
-from app.engine.summary import Summary
 
 KINDS = ("parameters", "gradients", "optimizer")
 
@@ -90,7 +90,7 @@ def memory_line(state: dict[str, int], whole: int, dist: DistInfo) -> str:
 def record_ranks(run: Run, summary: Summary) -> None:
     """Every rank's peak memory and measured model state into rank 0's summary: a collective,
     called by every rank once the run has completed (all ranks are at the same point)."""
-    from app.engine.telemetry import peak_memory_bytes
+    from app.engine.records.telemetry import peak_memory_bytes
 
     state = run.facts.state_bytes
     if state is not None:

@@ -10,15 +10,15 @@ from __future__ import annotations
 import torch
 
 from app.core.outcomes import Paused, Preempted
-from app.engine.distributed import any_rank
-from app.engine.evaluation import eval_and_report
-from app.engine.metering import ProgressBar, Throughput, Window, log_window
-from app.engine.profiling import StepProfiler
-from app.engine.recovery import step_with_recovery
+from app.engine.comms.distributed import any_rank
+from app.engine.records.profiling import StepProfiler
+from app.engine.records.summary import Summary
 from app.engine.run import Run, Samples
-from app.engine.state import save
-from app.engine.step import StepResult
-from app.engine.summary import Summary
+from app.engine.saving.state import save
+from app.engine.train.evaluation import eval_and_report
+from app.engine.train.metering import ProgressBar, Throughput, Window, log_window
+from app.engine.train.recovery import step_with_recovery
+from app.engine.train.step import StepResult
 
 
 def train(run: Run, summary: Summary | None = None) -> Summary:

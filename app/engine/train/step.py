@@ -1,7 +1,7 @@
 """One optimizer step: the micro-batches of this rank's share of the effective batch, the loss
 normalized by the units of the whole step (so the gradient does not depend on the split), then
 clipping, the optimizer and the schedule. Under torchrun the ranks agree on out-of-memory errors
-at each phase boundary (app/engine/agreement.py), so a step fails on every rank or on none."""
+at each phase boundary (app/engine/comms/agreement.py), so a step fails on every rank or on none."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 
 from app.components.hardware.precision import autocast
 from app.components.tasks.base import move
-from app.engine.distributed import global_sum, no_sync
-from app.engine.noise_scale import sq_grad_norm
-from app.engine.rank_memory import measure_state_bytes
+from app.engine.comms.distributed import global_sum, no_sync
+from app.engine.parallel.rank_memory import measure_state_bytes
+from app.engine.records.noise_scale import sq_grad_norm
 from app.engine.run import Inputs, Run, Samples
 
 

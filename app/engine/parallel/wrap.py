@@ -7,8 +7,8 @@ import torch
 
 from app.components.models.shape import maybe_compile
 from app.config.schema import TrainConfig
-from app.engine.agreement import Agreement
-from app.engine.distributed import DistInfo, wrap_ddp
+from app.engine.comms.agreement import Agreement
+from app.engine.comms.distributed import DistInfo, wrap_ddp
 from app.engine.run import Machine
 
 
@@ -16,7 +16,7 @@ def place(model: torch.nn.Module, config: TrainConfig, machine: Machine) -> torc
     """The model on its device: whole (one process, DDP), or sharded over the ranks (FSDP:
     built whole on the host, each rank keeping its shards on the device)."""
     if machine.dist.sharded:
-        from app.engine.fsdp import shard_model
+        from app.engine.parallel.fsdp import shard_model
 
         return shard_model(model, config.model, config.training.fsdp, machine)
     return model.to(machine.torch_device)

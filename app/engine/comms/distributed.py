@@ -1,5 +1,5 @@
 """torchrun integration: read its environment, join the process group, wrap the model in DDP
-(FSDP2: app/engine/fsdp.py).
+(FSDP2: app/engine/parallel/fsdp.py).
 
 Nothing here invents a distributed layer: torch.distributed does the work, this only wires it.
 """
@@ -31,7 +31,7 @@ class DistInfo:
     # agreeing never waits for the GPU; None: the default group (gloo already).
     host_group: dist.ProcessGroup | None = None
     owns_group: bool = False  # this run joined the process group, so it leaves it
-    # training.peer_timeout_s: how long a collective waits for the peers (app/engine/peers.py)
+    # training.peer_timeout_s: how long a collective waits for the peers (app/engine/comms/peers.py)
     timeout_s: float | None = None
     backend: str = "gloo"
     peers_lost: bool = False  # a collective found the peers gone: the group is not destroyed

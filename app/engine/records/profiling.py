@@ -3,7 +3,7 @@
 The trace lands in `<run dir>/tensorboard/profile/` as `rank<R>.<time>.pt.trace.json` (Chrome
 trace format: Perfetto and chrome://tracing open it; so does TensorBoard's profiler plugin,
 torch-tb-profiler, pointed at the run dir). Recording slows the steps it covers several-fold,
-so the loop keeps them out of the throughput figures (app/engine/loop.py).
+so the loop keeps them out of the throughput figures (app/engine/train/loop.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from app.config.training import ProfilerConfig
-from app.engine.summary import ProfileWindow
+from app.engine.records.summary import ProfileWindow
 
 TRACE_DIR = Path("tensorboard") / "profile"
 

@@ -7,7 +7,7 @@ would on a GPU that ran out of memory. `faults.kill_in_checkpoint=STEP` SIGKILLs
 it writes that step's sharded checkpoint (`faults.kill_rank`: only that rank), as a crash would.
 `faults.hang_rank=R` makes rank R stop answering before `faults.hang_phase` of step
 `faults.hang_step`: its peers wait for it in their next collective, as for a rank stuck in a
-driver call, until `training.peer_timeout_s` ends the run (app/engine/peers.py).
+driver call, until `training.peer_timeout_s` ends the run (app/engine/comms/peers.py).
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
-"""A run's state in and out of its checkpoint (the record: app/engine/checkpoint.py TrainState).
+"""A run's state in and out of its checkpoint (the record: TrainState, in
+app/engine/saving/checkpoint.py).
 
 One process and DDP: rank 0 writes one file. FSDP: every rank writes its shards into one
-directory (app/engine/sharded_checkpoint.py). Either kind resumes into either parallelism."""
+directory (app/engine/saving/sharded.py). Either kind resumes into either parallelism."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from app.engine import checkpoint as ckpt
-from app.engine import sharded_checkpoint as sharded
-from app.engine.checkpoint import TrainState
-from app.engine.distributed import agree_all, barrier
+from app.engine.comms.distributed import agree_all, barrier
 from app.engine.run import Run
+from app.engine.saving import checkpoint as ckpt
+from app.engine.saving import sharded as sharded
+from app.engine.saving.checkpoint import TrainState
 
 
 def capture(run: Run, step: int) -> TrainState:
@@ -91,7 +92,7 @@ def restore(run: Run, state: TrainState) -> None:
         groups = state.optimizer["param_groups"]
         sharded.load_shards(run.raw_model, run.optimizer, Path(state.shards), groups)
     elif run.dist.sharded:
-        from app.engine.fsdp import load_whole_state
+        from app.engine.parallel.fsdp import load_whole_state
 
         load_whole_state(run.raw_model, run.optimizer, state.model, state.optimizer)
     else:

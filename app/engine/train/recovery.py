@@ -1,7 +1,7 @@
 """Out-of-memory recovery: a step that ran out is redone from the same data with half the
 micro-batch, and the accumulation follows from the plan, so the effective batch and the
 trajectory stay exact. Evaluation that ran out shrinks its own micro-batch first. Under torchrun
-the ranks agree on the error first (app/engine/agreement.py), so they all shrink and redo the
+the ranks agree on the error first (app/engine/comms/agreement.py), so they all shrink and redo the
 step together."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections import defaultdict
 import torch
 
 from app.core.outcomes import TrainingOOM
-from app.engine.agreement import AgreedOOM
-from app.engine.distributed import no_sync
+from app.engine.comms.agreement import AgreedOOM
+from app.engine.comms.distributed import no_sync
 from app.engine.run import Run, Samples
-from app.engine.step import StepResult, first_sample, loss_sum, train_step
+from app.engine.train.step import StepResult, first_sample, loss_sum, train_step
 
 log = logging.getLogger(__name__)
 

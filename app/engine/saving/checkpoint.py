@@ -5,7 +5,7 @@ temporary name, fsynced, then renamed into place: a crash leaves either the prev
 checkpoints or the new one, never half a file. Loading uses `torch.load(weights_only=True)`,
 which refuses to unpickle arbitrary objects: plain tensors and containers only, so the format
 stays what `python -m app.export` and earlier runs read. With FSDP a checkpoint is a directory
-of shards instead, complete or absent the same way (app/engine/sharded_checkpoint.py); both
+of shards instead, complete or absent the same way (app/engine/saving/sharded.py); both
 kinds are listed, resumed and exported alike.
 """
 
@@ -30,7 +30,7 @@ from app.config.training import ResumeFrom
 from app.core.atomic import atomic_write, fsync_dir
 from app.core.errors import ConfigError
 from app.core.outcomes import WriteFailed
-from app.engine import sharded_checkpoint as sharded
+from app.engine.saving import sharded as sharded
 
 _NAME = re.compile(r"^step_(\d{8})(\.pt)?$")  # a file, or a directory of shards
 

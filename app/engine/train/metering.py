@@ -14,11 +14,11 @@ from typing import Protocol
 import torch
 
 from app.core.outcomes import Diverged
-from app.engine.distributed import global_sum
+from app.engine.comms.distributed import global_sum
+from app.engine.records.summary import Summary
+from app.engine.records.telemetry import cuda_memory_metrics, mfu, peak_memory_bytes
 from app.engine.run import Run
-from app.engine.step import StepResult
-from app.engine.summary import Summary
-from app.engine.telemetry import cuda_memory_metrics, mfu, peak_memory_bytes
+from app.engine.train.step import StepResult
 
 # Where a step ended: a CUDA event recorded on the stream, or (CPU) the host clock's seconds.
 Mark = torch.cuda.Event | float

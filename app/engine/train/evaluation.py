@@ -13,12 +13,12 @@ from app.components.data.loader import rank_slice
 from app.components.hardware.precision import autocast
 from app.components.tasks.base import move
 from app.core.outcomes import Diverged, Paused, Pruned
-from app.engine.agreement import AgreedOOM
-from app.engine.batch.plan import eval_padding
-from app.engine.distributed import all_reduce_sum, rank0_word, unwrap_ddp, without_autograd
-from app.engine.recovery import release_after_oom, shrink_eval_micro_batch, shrink_micro_batch
+from app.engine.batch_plan import eval_padding
+from app.engine.comms.agreement import AgreedOOM
+from app.engine.comms.distributed import all_reduce_sum, rank0_word, unwrap_ddp, without_autograd
+from app.engine.records.summary import Summary
 from app.engine.run import Inputs, Run, Samples
-from app.engine.summary import Summary
+from app.engine.train.recovery import release_after_oom, shrink_eval_micro_batch, shrink_micro_batch
 
 GO_ON, PRUNE, PAUSE = 0, 1, 2  # the trial's word on an evaluation (TrialWord.code)
 

@@ -4,7 +4,7 @@ Under torchrun every collective waits for all ranks. A rank lost inside one (out
 inside FSDP's all-gather, stuck in a driver call, a host that stopped) would hold the others
 for the process group's timeout, 30 minutes under gloo and 10 under NCCL by torch's defaults,
 while every GPU of the run idles. The group is created with training.peer_timeout_s instead
-(app/engine/distributed.py), so a collective that waits longer raises on the waiting rank;
+(app/engine/comms/distributed.py), so a collective that waits longer raises on the waiting rank;
 `answering_peers` turns that error into `PeersLost`, one line naming the rank, the phase it
 waited in and the step: "rank 0 of 2: no answer from its peers within 5s in forward (step 2)".
 Its status is FAILED: the trial's parameters did not make it hopeless (a prune would tell the
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from app.config.training import FAULT_PHASES
 from app.core.outcomes import RunOutcome, Status
-from app.engine.agreement import Agreement
-from app.engine.distributed import DistInfo
+from app.engine.comms.agreement import Agreement
+from app.engine.comms.distributed import DistInfo
 
 log = logging.getLogger(__name__)
 TRIAL_TIMEOUT_S = 60.0  # training.peer_timeout_s=null in a sweep's trial on several ranks

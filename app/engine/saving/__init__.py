@@ -1,0 +1,1 @@
+"""Checkpoints: the training state, written atomically, whole or sharded (FSDP)."""
