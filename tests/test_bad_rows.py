@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from app.components.data.labelled import load_labelled
+from app.components.data.labelled.texts import load_labelled
+from app.components.data.lm.tokens import load_token_data
 from app.components.data.rows import expand_paths, file_set, read_files
-from app.components.data.tokens import load_token_data
 from app.config import ConfigError, DataConfig, load_config
 from tests import procs
 from tests.conftest import compose, resolved

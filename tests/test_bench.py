@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.bench import profiles, schedule, workers
-from app.bench.clock import StepClock
-from app.bench.report import add_ratios, aggregate, benchmark_table
+from app.bench.throughput import profiles, schedule, workers
+from app.bench.throughput.clock import StepClock
+from app.bench.throughput.report import add_ratios, aggregate, benchmark_table
 
 pytestmark = pytest.mark.integration
 
@@ -242,7 +242,7 @@ def test_rounds_rotate_so_every_arm_runs_in_every_slot(monkeypatch):
 
 
 def test_the_fleet_table_gives_ratios_to_one_worker_and_medians_over_rounds() -> None:
-    from app.bench.fleet import fleet_table, summarize, with_ratios
+    from app.bench.studies.fleet import fleet_table, summarize, with_ratios
 
     def run(workers: int, wall: float, span: float) -> dict:
         by = {"lone": 16} if workers == 1 else {"0": 8, "1": 8}
@@ -263,7 +263,7 @@ def test_the_fleet_table_gives_ratios_to_one_worker_and_medians_over_rounds() ->
 def test_the_fleet_bench_counts_trials_by_worker_and_the_lone_worker_as_lone() -> None:
     from optuna.trial import create_trial
 
-    from app.bench.fleet import _by_worker
+    from app.bench.studies.fleet import _by_worker
 
     def trial(worker: int | None):
         return create_trial(value=1.0, user_attrs={"worker": worker})
@@ -275,7 +275,7 @@ def test_the_fleet_bench_counts_trials_by_worker_and_the_lone_worker_as_lone() -
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_report_bench_times_the_command_and_a_warm_process_against_its_imports() -> None:
-    from app.bench.study_report import report_bench_table, run_report_bench
+    from app.bench.studies.study_report import report_bench_table, run_report_bench
 
     report = run_report_bench(rounds=1, trials=30)
     assert report["trials"] == 30 and report["report_bytes"] > 1_000_000  # plotly inlined

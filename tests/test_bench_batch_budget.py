@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.bench.batch_budget import batch_budget_table, goals
+from app.bench.studies.batch_budget import batch_budget_table, goals
 
 pytestmark = pytest.mark.unit
 

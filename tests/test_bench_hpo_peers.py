@@ -6,8 +6,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from app.bench.hf_study import ARGUMENT, _space, _suggest
-from app.bench.hpo_peers import (
+from app.bench.studies.hf_study import ARGUMENT, _space, _suggest
+from app.bench.studies.hpo_peers import (
     _same_configurations,
     goals,
     peers_table,
@@ -114,7 +114,7 @@ def test_the_trainer_study_draws_the_sweepers_configurations_under_its_own_names
 
 
 def test_the_default_study_goals_follow_the_issue_with_their_figures():
-    from app.bench.default_study import goals as default_goals
+    from app.bench.studies.default_study import goals as default_goals
 
     none = _study(900.0, [_row(0, 1.00, 1800.0)])
     fast = _study(700.0, [_row(0, 1.20, 1100.0), _row(1, 1.005, 1250.0), _row(2, 0.99, 1600.0)])
@@ -135,7 +135,7 @@ def test_a_trainer_trial_under_a_data_budget_trains_the_sweepers_data_at_its_bat
     interval in its own steps, the whole batch per step."""
     from omegaconf import OmegaConf
 
-    from app.bench.hf_study import _per_trial
+    from app.bench.studies.hf_study import _per_trial
     from app.config.training import TrainingConfig
 
     params = {
@@ -162,7 +162,7 @@ def test_a_trainer_trial_under_a_data_budget_trains_the_sweepers_data_at_its_bat
 
 
 def test_a_samplers_anytime_best_and_its_gap_to_each_seeds_best():
-    from app.bench.sampler_choice import _regret, _steps, best_by
+    from app.bench.studies.sampler_choice import _regret, _steps, best_by
 
     study = _study(100.0, [_row(0, 2.0, 1010.0), _row(1, None, 1020.0, "PRUNED"),
                            _row(2, 1.5, 1030.0)])  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.bench import parallel
+from app.bench.throughput import parallel
 
 pytestmark = pytest.mark.unit
 

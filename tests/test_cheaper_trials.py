@@ -121,7 +121,7 @@ def test_a_trial_is_pruned_at_an_earlier_evaluation(cache_dir, tmp_path):
 def test_the_data_is_loaded_once_per_process_while_its_config_stays(
     cache_dir, tmp_path, monkeypatch
 ):
-    import app.components.data.tokens as tokens
+    import app.components.data.lm.tokens as tokens
 
     memo.forget()
     loads: list[int] = []

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from app.components.data.labelled.padded import PaddedRows, padded_length
 from app.components.data.loader import StepDataset, step_sample_indices
-from app.components.data.padded import PaddedRows, padded_length
 from app.components.hardware.precision import PrecisionPlan
 from app.components.models.families import MODELS
 from app.components.schedule import build_scheduler
@@ -295,7 +295,7 @@ def test_an_accuracy_study_samples_the_batch_scores_accuracy_and_prunes_an_oom(t
 
 
 def _write_rows(tmp_path: Path, n: int = 300) -> list[dict]:
-    from app.components.data.nli_corpus import generate_nli
+    from app.components.data.labelled.nli_corpus import generate_nli
 
     return [
         {"sentence1": r["premise"], "sentence2": r["hypothesis"], "gold": r["label"]}

@@ -6,11 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import app.components.data.lm.tokenizers as tokenizers_mod
+import app.components.data.lm.tokens as data_mod
 import app.components.data.loader as loader_mod
-import app.components.data.tokenizers as tokenizers_mod
-import app.components.data.tokens as data_mod
-from app.components.data.corpus import generate_corpus
-from app.components.data.documents import split_documents
+from app.components.data.lm.corpus import generate_corpus
+from app.components.data.lm.documents import split_documents
+from app.components.data.lm.tokenizers import load_tokenizer, tokenize_documents
+from app.components.data.lm.tokens import load_token_data
 from app.components.data.loader import (
     StepDataset,
     make_step_loader,
@@ -20,8 +22,6 @@ from app.components.data.loader import (
     val_batches,
 )
 from app.components.data.rows import expand_paths
-from app.components.data.tokenizers import load_tokenizer, tokenize_documents
-from app.components.data.tokens import load_token_data
 from app.config import ConfigError, DataConfig
 from tests.conftest import resolved
 

@@ -273,7 +273,7 @@ def test_an_earlier_export_or_an_empty_directory_is_replaced(finished, tmp_path,
 
 
 def _corpus(seed: int) -> str:
-    from app.components.data.corpus import generate_corpus
+    from app.components.data.lm.corpus import generate_corpus
 
     return "\n\n".join(generate_corpus(150, seed))
 
@@ -314,7 +314,7 @@ def changed_data(bpe_run):
 
 
 def test_a_run_saves_its_tokenizer_and_each_checkpoint_names_it(bpe_run):
-    from app.components.data.hf_tokenizer import fingerprint_json
+    from app.components.data.lm.hf_tokenizer import fingerprint_json
 
     saved = (bpe_run / "run" / "tokenizer" / "tokenizer.json").read_text()
     assert saved == (bpe_run / "run" / "model" / "tokenizer.json").read_text()
@@ -389,7 +389,7 @@ def _tiny_model():
 
 def test_a_failed_export_leaves_the_old_one_whole_and_no_temporaries(tmp_path, monkeypatch):
     from app.cli.export import write_export
-    from app.components.data.hf_tokenizer import byte_tokenizer
+    from app.components.data.lm.hf_tokenizer import byte_tokenizer
 
     out = tmp_path / "model"
     write_export(_tiny_model(), byte_tokenizer(), out)
@@ -409,7 +409,7 @@ def test_a_failed_export_leaves_the_old_one_whole_and_no_temporaries(tmp_path, m
 
 def test_a_new_export_replaces_the_old_and_clears_a_killed_ones_leftovers(tmp_path):
     from app.cli.export import write_export
-    from app.components.data.hf_tokenizer import byte_tokenizer
+    from app.components.data.lm.hf_tokenizer import byte_tokenizer
 
     out = tmp_path / "model"
     write_export(_tiny_model(), byte_tokenizer(), out)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import app.components.data.lm_rows as lm_rows
-from app.components.data.corpus import generate_corpus
-from app.components.data.tokens import load_token_data
+import app.components.data.lm.rows as lm_rows
+from app.components.data.lm.corpus import generate_corpus
+from app.components.data.lm.tokens import load_token_data
 from app.config import ConfigError, DataConfig
 from app.engine.runner import run_training
 from tests.conftest import config, resolved, tiny

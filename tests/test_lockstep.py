@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.bench import lockstep, profiles, schedule
-from app.bench.clock import StepClock
+from app.bench.throughput import lockstep, profiles, schedule
+from app.bench.throughput.clock import StepClock
 
 pytestmark = pytest.mark.e2e
 
 # A worker: ready, then `steps` steps, each appending "<name> <step>" to a shared file.
 WORKER = """
 import sys
-from app.bench.lockstep import Baton
+from app.bench.throughput.lockstep import Baton
 go, done, name, steps, path, die_at = sys.argv[1:]
 baton = Baton(int(go), int(done))
 baton.pass_()
@@ -92,7 +92,7 @@ class CountingBaton:
 
 
 def test_step_clock_in_lockstep_times_only_its_own_turns(monkeypatch) -> None:
-    import app.bench.clock as clock_module
+    import app.bench.throughput.clock as clock_module
 
     fake = FakeTime()
     monkeypatch.setattr(clock_module, "time", fake)

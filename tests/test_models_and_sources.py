@@ -78,7 +78,7 @@ def test_gradient_checkpointing_gives_the_same_step(tmp_path):
 
 @pytest.mark.slow
 def test_text_files_with_a_locally_trained_tokenizer(tmp_path):
-    from app.components.data.corpus import generate_corpus
+    from app.components.data.lm.corpus import generate_corpus
 
     docs = generate_corpus(400, seed=3)
     for i in range(4):

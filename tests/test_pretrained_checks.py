@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.components.data.tokens import load_token_data
+from app.components.data.lm.tokens import load_token_data
 from app.config import ConfigError
 from app.engine.runner import run_training
 from tests import procs

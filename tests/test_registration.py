@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from app.bench.tasks import BENCH_TASKS, TaskBench, benchmarks
+from app.bench.throughput.tasks import BENCH_TASKS, TaskBench, benchmarks
 from app.components.data.kinds import LABELLED_TEXT, TEXT, SampleKind
 from app.components.data.sources import SOURCES, DataSource
 from app.components.models.families import MODELS, ModelFamily, Sizes

@@ -9,9 +9,9 @@ The same model, data, batch plan, precision and optimizer recipe are trained by 
   no logging, no saving), stock: glibc's malloc defaults (`--ablate` times it with ours too).
 
 Each contender runs in its own subprocess, so imports, allocator state and peak RSS of one never
-leak into another. On CPU they run in lockstep (app/bench/lockstep.py), taking turns step by step so
-that the drift of a shared machine hits them alike; on GPU one after another, the order rotated
-each round. Throughput is steady state (after the warm-up steps), median over rounds.
+leak into another. On CPU they run in lockstep (app/bench/throughput/lockstep.py), taking turns
+step by step so that the drift of a shared machine hits them alike; on GPU one after another, the
+order rotated each round. Throughput is steady state (after the warm-up steps), median over rounds.
 
     python -m app.bench                          # CPU: tiny GPT-2, seq 128, batch 32 (minutes)
     python -m app.bench --profile gpt2_small     # GPU: GPT-2 small, seq 1024, bf16, +/- compile

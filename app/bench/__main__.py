@@ -10,23 +10,23 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from app.bench import __doc__ as package_doc
-from app.bench.batch_budget import batch_budget_table, run_batch_budget_bench
-from app.bench.default_study import default_study_table, run_default_study_bench
-from app.bench.fleet import fleet_table, run_fleet_bench
-from app.bench.hpo import hpo_table, run_hpo_bench
-from app.bench.hpo_peers import CONTENDERS as HPO_PEERS
-from app.bench.hpo_peers import SAMPLERS as PEER_SAMPLERS
-from app.bench.hpo_peers import peers_tables, run_peers_bench
-from app.bench.micro import adamw_step_times, adamw_table, measure_startup, startup_table
-from app.bench.parallel import parallel_table, run_parallel_bench
-from app.bench.profiles import CONTENDERS, PROFILES
-from app.bench.report import ablation_table, benchmark_table, machine_info
-from app.bench.sampler_choice import ARMS as SAMPLER_ARMS
-from app.bench.sampler_choice import STUDIES as SAMPLER_STUDIES
-from app.bench.sampler_choice import run_sampler_choice, sampler_choice_table
-from app.bench.schedule import run_ablations, run_benchmark
-from app.bench.study_report import report_bench_table, run_report_bench
-from app.bench.workers import worker_main
+from app.bench.studies.batch_budget import batch_budget_table, run_batch_budget_bench
+from app.bench.studies.default_study import default_study_table, run_default_study_bench
+from app.bench.studies.fleet import fleet_table, run_fleet_bench
+from app.bench.studies.hpo import hpo_table, run_hpo_bench
+from app.bench.studies.hpo_peers import CONTENDERS as HPO_PEERS
+from app.bench.studies.hpo_peers import SAMPLERS as PEER_SAMPLERS
+from app.bench.studies.hpo_peers import peers_tables, run_peers_bench
+from app.bench.studies.sampler_choice import ARMS as SAMPLER_ARMS
+from app.bench.studies.sampler_choice import STUDIES as SAMPLER_STUDIES
+from app.bench.studies.sampler_choice import run_sampler_choice, sampler_choice_table
+from app.bench.studies.study_report import report_bench_table, run_report_bench
+from app.bench.throughput.micro import adamw_step_times, adamw_table, measure_startup, startup_table
+from app.bench.throughput.parallel import parallel_table, run_parallel_bench
+from app.bench.throughput.profiles import CONTENDERS, PROFILES
+from app.bench.throughput.report import ablation_table, benchmark_table, machine_info
+from app.bench.throughput.schedule import run_ablations, run_benchmark
+from app.bench.throughput.workers import worker_main
 
 
 def main(argv: list[str] | None = None) -> int:

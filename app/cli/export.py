@@ -278,7 +278,7 @@ def check_rebuilt(
 ) -> None:
     """A tokenizer rebuilt from today's data must be the one the checkpoint was trained with
     (checkpoints from before the fingerprint cannot tell: they are trusted, as they were)."""
-    from app.components.data.hf_tokenizer import fingerprint
+    from app.components.data.lm.hf_tokenizer import fingerprint
 
     if not isinstance(recorded, str) or tokenizer is None:
         return

@@ -218,7 +218,7 @@ def save_run_tokenizer(tokenizer: PreTrainedTokenizerBase | None, run_dir: Path)
     """Save the run's tokenizer to <run dir>/tokenizer (once: kept while its fingerprint is the
     same, as on a resume) and return the fingerprint its checkpoints record; None when there is
     nothing to save (synthetic ids, a slow tokenizer)."""
-    from app.components.data.hf_tokenizer import fingerprint
+    from app.components.data.lm.hf_tokenizer import fingerprint
     from app.core.outcomes import WriteFailed
 
     if tokenizer is None:
@@ -238,7 +238,7 @@ def save_run_tokenizer(tokenizer: PreTrainedTokenizerBase | None, run_dir: Path)
 
 def saved_fingerprint(directory: Path) -> str | None:
     """The fingerprint of the tokenizer saved in `directory`, None when there is none."""
-    from app.components.data.hf_tokenizer import fingerprint_json
+    from app.components.data.lm.hf_tokenizer import fingerprint_json
 
     try:
         return fingerprint_json((directory / "tokenizer.json").read_text(encoding="utf-8"))

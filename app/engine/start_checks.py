@@ -167,7 +167,9 @@ def resume_checkpoint(config: TrainConfig, run_dir: Path) -> Path | None:
     t = config.training
     if t.resume_from is None:
         return None
-    from app.engine.saving import checkpoint as ckpt  # torch: only when there is a checkpoint to look at
+    from app.engine.saving import (
+        checkpoint as ckpt,  # torch: only when there is a checkpoint to look at
+    )
 
     found = ckpt.find_resume_checkpoint(t.resume_from, run_dir)
     if found is None:

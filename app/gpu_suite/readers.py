@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.bench.report import Row
+from app.bench.throughput.report import Row
 from app.engine.records.summary import Summary
 
 MetricsRow = Mapping[str, object]  # one line of metrics.jsonl: a step and its scalars

@@ -33,7 +33,7 @@ class DataConfig:
     val_split: str = "validation"  # held out from train by val_fraction when absent
     text_column: str = "text"
     map_num_proc: Any = "auto"  # auto (several processes for large data only) | int
-    # Labelled data (task=classification): app/components/data/labelled.py
+    # Labelled data (task=classification): app/components/data/labelled/texts.py
     text_pair_column: str | None = "text_pair"  # null for single texts
     label_column: str = "label"
     # tokens per sample after truncation (pairs: both texts); at least [CLS] and [SEP]

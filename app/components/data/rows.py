@@ -4,8 +4,8 @@ Where rows come from: JSONL/JSON, CSV/TSV or Parquet files (`data.paths`, and `d
 a validation set of their own), a directory written by `save_to_disk`, or a hub name where a
 network exists (`data.dataset`, with `data.dataset_config`, `data.train_split`,
 `data.val_split`). What a task does with the rows (which columns, how a missing validation split
-is held out, how they are tokenized) stays with the task: app/components/data/labelled.py,
-app/components/data/lm_rows.py.
+is held out, how they are tokenized) stays with the task: app/components/data/labelled/texts.py,
+app/components/data/lm/rows.py.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ class CausalLM(Task["torch.Tensor", "torch.Tensor"]):
         return remembered(data_key(self.name, data), lambda: self._load(data))
 
     def _load(self, data: DataConfig) -> TaskData[torch.Tensor]:
-        from app.components.data.tokens import load_token_data
+        from app.components.data.lm.tokens import load_token_data
 
         tokens = load_token_data(data)
         return TaskData(
@@ -98,7 +98,7 @@ class CausalLM(Task["torch.Tensor", "torch.Tensor"]):
         return TaskData(empty, empty, vocab, str(data.tokenizer), info={"tokenizer": tok})
 
     def export_tokenizer(self, data: DataConfig) -> PreTrainedTokenizerBase | None:
-        from app.components.data.tokens import transformers_tokenizer
+        from app.components.data.lm.tokens import transformers_tokenizer
 
         key = json.dumps(dataclasses.asdict(data), sort_keys=True, default=str)
         if self._tokenizer is None or self._tokenizer[0] != key:

@@ -1,6 +1,6 @@
 """Sequence classification of single texts or text pairs (NLI: premise/hypothesis -> label).
 
-Samples are padded rows (app/components/data/padded.py). A step's samples are split into
+Samples are padded rows (app/components/data/labelled/padded.py). A step's samples are split into
 micro-batches by length (longest first), each padded only to its own longest row rounded up to
 a multiple of 8. The loss of an optimizer step is the mean cross-entropy over the step's
 *samples* whatever the split, with optional label smoothing in training; evaluation reports the
@@ -13,9 +13,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from app.components.data.columns import wanted_columns
 from app.components.data.kinds import LABELLED_TEXT
-from app.components.data.nli_corpus import COLUMNS as NLI_COLUMNS
+from app.components.data.labelled.columns import wanted_columns
+from app.components.data.labelled.nli_corpus import COLUMNS as NLI_COLUMNS
 from app.components.models.heads import SEQUENCE_CLASSIFIER
 from app.components.tasks import TASKS
 from app.components.tasks.base import Metric, Task, TaskData
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from app.components.data.config import DataConfig
-    from app.components.data.padded import PaddedRows, PairInputs
+    from app.components.data.labelled.padded import PaddedRows, PairInputs
     from app.components.models.config import ModelConfig
     from app.components.tasks.config import TaskConfig
 
@@ -39,9 +39,9 @@ class SequenceClassification(Task["PaddedRows", "PairInputs"]):
     head = SEQUENCE_CLASSIFIER
     reads = LABELLED_TEXT
     sequence_setting = "max_length"
-    byte_vocab = 259  # 256 bytes + [PAD], [CLS] and [SEP] (app/components/data/labelled.py)
+    byte_vocab = 259  # 256 bytes + [PAD], [CLS] and [SEP] (app/components/data/labelled/texts.py)
     builtin_corpus = "NLI corpus"
-    builtin_columns = NLI_COLUMNS  # app/components/data/nli_corpus.py
+    builtin_columns = NLI_COLUMNS  # app/components/data/labelled/nli_corpus.py
 
     def __init__(self, cfg: TaskConfig | None = None) -> None:
         super().__init__(cfg)
@@ -72,7 +72,7 @@ class SequenceClassification(Task["PaddedRows", "PairInputs"]):
         return data
 
     def _load(self, data_cfg: DataConfig) -> TaskData[PaddedRows]:
-        from app.components.data.labelled import load_labelled
+        from app.components.data.labelled.texts import load_labelled
 
         data = load_labelled(data_cfg, self.given_labels)
         return TaskData(
@@ -125,7 +125,7 @@ class SequenceClassification(Task["PaddedRows", "PairInputs"]):
     ) -> Iterator[tuple[PairInputs, torch.Tensor]]:
         import torch
 
-        from app.components.data.padded import PairInputs
+        from app.components.data.labelled.padded import PairInputs
 
         # Longest first, so each micro-batch holds rows of similar length; stable, so the split
         # is a pure function of the step's samples.
@@ -188,7 +188,7 @@ class SequenceClassification(Task["PaddedRows", "PairInputs"]):
     def worst_case(self, rows: PaddedRows, n: int) -> PaddedRows:
         import torch
 
-        from app.components.data.padded import PaddedRows
+        from app.components.data.labelled.padded import PaddedRows
 
         # Memory grows with the padded width: n rows as long as max_length allows.
         picked = rows[torch.arange(n) % len(rows)]

@@ -3,7 +3,7 @@ and the transformers Trainer), and the NLI DeBERTa experiment's throughput."""
 
 from __future__ import annotations
 
-from app.bench.report import Row
+from app.bench.throughput.report import Row
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
 from app.gpu_suite.steps.common import LEAN, Overrides, completed, run_figures, train

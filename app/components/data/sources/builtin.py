@@ -1,6 +1,6 @@
 """`data.source=builtin`: the task's own generated corpus (no download): stories, arithmetic and
-lists for causal LM (app/components/data/corpus.py), premise/hypothesis pairs for classification
-(app/components/data/nli_corpus.py)."""
+lists for causal LM (app/components/data/lm/corpus.py), premise/hypothesis pairs for classification
+(app/components/data/labelled/nli_corpus.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`data.source=text_files`: UTF-8 text files or globs (`data.paths`), one document per
-paragraph (app/components/data/tokens.py)."""
+paragraph (app/components/data/lm/tokens.py)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> torch.nn.Module:
 
     sizes = encoder_sizes(m, data)
     # RoBERTa's positions start after the padding index: room for max_length + 2.
-    pad = data.pad_id or 0  # classification data always has one (app/components/data/labelled.py)
+    # classification data always has a padding id (app/components/data/labelled/texts.py)
+    pad = data.pad_id or 0
     sizes["max_position_embeddings"] = m.max_position_embeddings + pad + 1
     return build_classifier(
         "RobertaForSequenceClassification", RobertaConfig(type_vocab_size=1, **sizes), m

@@ -1,7 +1,7 @@
 """Labelled texts and text pairs for classification: read, map labels to ids, split, tokenize.
 
 Sources (`data.source`):
-- `builtin`: the generated NLI corpus (app/components/data/nli_corpus.py), no download;
+- `builtin`: the generated NLI corpus (app/components/data/labelled/nli_corpus.py), no download;
 - `datasets`: anything the `datasets` library opens: JSONL/JSON, CSV/TSV and Parquet files
   (`data.paths`, and `data.val_paths` for a validation set of their own), a directory written
   by `save_to_disk`, or a hub name where a network exists (`data.dataset`, with
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from app.components.data.columns import text_columns, wanted_columns
-from app.components.data.padded import PaddedRows, pad_rows
+from app.components.data.labelled.columns import text_columns, wanted_columns
+from app.components.data.labelled.padded import PaddedRows, pad_rows
 from app.components.data.rows import (
     dataset_identity,
     map_processes,
@@ -102,7 +102,7 @@ def read_splits(data_cfg: DataConfig) -> tuple[Dataset, Dataset, Features]:
 
     datasets.disable_progress_bars()
     if data_cfg.source == "builtin":
-        from app.components.data.nli_corpus import LABELS, generate_nli
+        from app.components.data.labelled.nli_corpus import LABELS, generate_nli
 
         features = datasets.Features(
             {
@@ -225,7 +225,7 @@ def load_pair_tokenizer(data_cfg: DataConfig, train: Dataset) -> PreTrainedToken
         return PreTrainedTokenizerFast(
             tokenizer_object=bpe, pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
         )
-    from app.components.data.tokens import load_hf_tokenizer
+    from app.components.data.lm.tokens import load_hf_tokenizer
 
     tok = load_hf_tokenizer(str(data_cfg.tokenizer))
     if tok.pad_token_id is None:
@@ -336,7 +336,7 @@ def source_identity(data_cfg: DataConfig) -> dict[str, object]:
         "val_fraction": data_cfg.val_fraction,
     }
     if data_cfg.source == "builtin":
-        from app.components.data.nli_corpus import NLI_VERSION
+        from app.components.data.labelled.nli_corpus import NLI_VERSION
 
         ident.update(rows=data_cfg.builtin_num_docs, nli_version=NLI_VERSION)
     else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-# Bump when the generator changes: app/components/data/tokens.py puts it in the token cache key.
+# Bump when the generator changes: app/components/data/lm/tokens.py puts it in the token cache key.
 CORPUS_VERSION = 1
 
 _COLORS = ("red", "blue", "green", "gray", "brown", "white", "black", "golden")

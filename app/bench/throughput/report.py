@@ -11,7 +11,8 @@ from typing import TypedDict
 
 
 class RunResult(TypedDict, total=False):
-    """One run of one arm as its worker reports it (app/bench/workers.py), or its `error`."""
+    """One run of one arm as its worker reports it (app/bench/throughput/workers.py), or its
+    `error`."""
 
     error: str  # a failed run has only this (and its round)
     round: int

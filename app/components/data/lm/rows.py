@@ -5,7 +5,7 @@ directory or a hub name); `data.text_column` names the text, a column of strings
 is null are dropped, with a warning). Without a validation split, `data.val_fraction` of the
 rows is held out (a single row is cut in two, as a single text file is). Each split is tokenized
 with Dataset.map, batched, in `data.map_num_proc` processes, and flattened into one token stream
-with the end-of-document token after each row; app/components/data/tokens.py packs and caches
+with the end-of-document token after each row; app/components/data/lm/tokens.py packs and caches
 it."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from app.components.data.documents import split_document
+from app.components.data.lm.documents import split_document
+from app.components.data.lm.tokenizers import TextTokenizer, TokenStreams, load_tokenizer
 from app.components.data.rows import map_processes, open_rows, require_columns, text_rows
-from app.components.data.tokenizers import TextTokenizer, TokenStreams, load_tokenizer
 from app.core.errors import ConfigError
 
 if TYPE_CHECKING:

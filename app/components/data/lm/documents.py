@@ -2,7 +2,7 @@
 
 A document is one generated story (`data.source=builtin`), one paragraph of a text file
 (`text_files`; a file of one paragraph is cut in two: its tail is the validation text), or one
-row of a text column (`datasets`: app/components/data/lm_rows.py).
+row of a text column (`datasets`: app/components/data/lm/rows.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from app.components.data.corpus import CORPUS_VERSION, generate_corpus
+from app.components.data.lm.corpus import CORPUS_VERSION, generate_corpus
 from app.components.data.rows import dataset_identity, file_fingerprints
 from app.core.errors import ConfigError
 

@@ -1,6 +1,6 @@
 """The built-in NLI corpus (task=classification, data.source=builtin): premise/hypothesis pairs
 labelled entailment, neutral or contradiction, generated from the same world of animals as the
-causal-LM corpus (app/components/data/corpus.py), so nothing is downloaded.
+causal-LM corpus (app/components/data/lm/corpus.py), so nothing is downloaded.
 
 A premise states one to three facts about an animal: where it lives, what it eats, when it
 wakes up, what it is like. The hypothesis makes one claim about the same animal:
@@ -21,9 +21,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from app.components.data.corpus import _FOODS, _PLACES, _TIMES, _TRAITS, _WORLD, _Entity
+from app.components.data.lm.corpus import _FOODS, _PLACES, _TIMES, _TRAITS, _WORLD, _Entity
 
-# Bump when the generator changes: app/components/data/labelled.py keys its cache with it.
+# Bump when the generator changes: app/components/data/labelled/texts.py keys its cache with it.
 NLI_VERSION = 2
 LABELS = ("entailment", "neutral", "contradiction")  # MNLI's order
 COLUMNS = ("premise", "hypothesis", "label")  # each generated row's keys

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from app.components.data.documents import text_identity
+from app.components.data.lm.documents import text_identity
 from app.components.data.rows import file_fingerprints
 from app.core.atomic import atomic_write_text
 from app.core.errors import ConfigError, first_line

@@ -1,7 +1,7 @@
 """`python -m app.bench --hpo-peers`: how soon a study reaches a good configuration, side by
 side with what a transformers user would run instead.
 
-One seeded study (app/bench/hpo.py's: the tiny CPU model and search space of
+One seeded study (app/bench/studies/hpo.py's: the tiny CPU model and search space of
 sweeps/tiny_cpu.yaml, 16 trials of 120 steps evaluated every 10), once per sampler: TPE (the
 study default, `hpo.sampler=tpe`), whose path depends on what each pruner lets it see, and
 random, which draws the same configurations in the same order under every pruner. Run by:
@@ -13,7 +13,7 @@ random, which draws the same configurations in the same order under every pruner
   transformers Trainer's `hyperparameter_search(backend="optuna")` with
   Optuna's SuccessiveHalvingPruner placed as the sweeper's default places it (first rung
   at max_steps / 9, reduction factor 3), on the same data, model, space, seed and steps
-  (app/bench/hf_study.py);
+  (app/bench/studies/hf_study.py);
 - `trainer-optuna-defaults`: the same with `SuccessiveHalvingPruner()` as Optuna defaults it,
   what a Trainer user who does not place the rungs gets.
 
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from app.bench.hpo import (
+from app.bench.studies.hpo import (
     STUDY,
     Goals,
     Params,
@@ -67,8 +67,8 @@ class SamplerRun(TypedDict):
 
 
 class PeerSpec(TypedDict, total=False):
-    """What the Trainer's study runs (app/bench/hf_study.py reads it): its trials and seed, its
-    sampler (random, or tpe) and pruner (successive halving with `pruner_args`, or median), and
+    """What the Trainer's study runs (app/bench/studies/hf_study.py reads it): its trials and seed,
+    its sampler (random, or tpe) and pruner (successive halving with `pruner_args`, or median), and
     under a data budget the samples each trial trains; `trainer_study` adds the rest."""
 
     n_trials: int
@@ -141,8 +141,8 @@ def run_trainer_study(extra: list[str], name: str) -> StudyResult:
 def trainer_study(
     overrides: list[str], spec: PeerSpec, row: Callable[[FrozenTrial], TrialRow]
 ) -> StudyResult:
-    """The Trainer's study (app/bench/hf_study.py) of `spec` on the config `overrides` compose,
-    in a process of its own; its trials as rows (`row`)."""
+    """The Trainer's study (app/bench/studies/hf_study.py) of `spec` on the config `overrides`
+    compose, in a process of its own; its trials as rows (`row`)."""
     import subprocess
 
     import optuna
@@ -153,7 +153,7 @@ def trainer_study(
         full: PeerSpec = {**spec, "overrides": [*overrides, f"data.cache_dir={tmp}/cache"],
                           "tmp": tmp, "journal": journal}  # fmt: skip
         Path(tmp, "spec.json").write_text(json.dumps(full))
-        cmd = [sys.executable, "-m", "app.bench.hf_study", f"{tmp}/spec.json"]
+        cmd = [sys.executable, "-m", "app.bench.studies.hf_study", f"{tmp}/spec.json"]
         started, started_at, cpu = time.perf_counter(), time.time(), children_cpu_s()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=fatal_env())
         wall, cpu = time.perf_counter() - started, children_cpu_s() - cpu

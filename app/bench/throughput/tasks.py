@@ -130,7 +130,7 @@ class ClassificationBench(TaskBench):
     unit = "samples"
 
     def step_work(self, rows, sizes: Sequence[int]) -> tuple[int, int]:
-        from app.components.data.padded import padded_length
+        from app.components.data.labelled.padded import padded_length
 
         lengths = torch.sort(rows.lengths, descending=True).values.tolist()
         padded, offset = 0, 0
@@ -159,7 +159,7 @@ class ClassificationBench(TaskBench):
     def bare_backward(self, model, rows, micro: int, accum: int, amp, dev) -> torch.Tensor:
         """Longest rows first, each micro-batch cut to its longest row (a multiple of 8);
         cross-entropy summed and divided by the step's samples."""
-        from app.components.data.padded import padded_length
+        from app.components.data.labelled.padded import padded_length
 
         order = torch.sort(rows.lengths, descending=True, stable=True).indices
         samples = len(rows)

@@ -1,6 +1,6 @@
 """Token data of a causal LM: documents -> tokens -> packed blocks, cached.
 
-Documents (app/components/data/documents.py, or rows: lm_rows.py) are tokenized
+Documents (app/components/data/lm/documents.py, or rows: lm/rows.py) are tokenized
 (tokenizers.py) into one stream per split and packed into blocks of `seq_len + 1` tokens
 (input = block[:-1], target = block[1:]). The per-step loader is in loader.py.
 """
@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from app.components.data.documents import read_documents, split_documents, text_identity
-from app.components.data.rows import expand_paths
-from app.components.data.tokenizers import (
+from app.components.data.lm.documents import read_documents, split_documents, text_identity
+from app.components.data.lm.tokenizers import (
     BPE_EOS,
     TokenStreams,
     bpe_path,
@@ -28,6 +27,7 @@ from app.components.data.tokenizers import (
     tokenize_documents,
     tokenizer_identity,
 )
+from app.components.data.rows import expand_paths
 from app.core.atomic import atomic_write
 from app.core.errors import ConfigError
 
@@ -63,7 +63,7 @@ def load_token_data(cfg: DataConfig) -> TokenData:
 
 def _build_token_data(cfg: DataConfig, files: list[str]) -> TokenData:
     if cfg.source == "datasets":
-        from app.components.data.lm_rows import row_token_streams
+        from app.components.data.lm.rows import row_token_streams
 
         streams = row_token_streams(cfg)
     else:
@@ -99,7 +99,7 @@ def _document_token_streams(cfg: DataConfig, files: list[str]) -> TokenStreams:
 def transformers_tokenizer(cfg: DataConfig) -> PreTrainedTokenizerBase | None:
     """This data's tokenizer as a transformers tokenizer (what an export saves); None for
     synthetic ids of a BPE that has no text to be trained on."""
-    from app.components.data.hf_tokenizer import byte_tokenizer, causal_lm_tokenizer
+    from app.components.data.lm.hf_tokenizer import byte_tokenizer, causal_lm_tokenizer
 
     if cfg.tokenizer == "byte":
         return byte_tokenizer()
@@ -116,7 +116,7 @@ def transformers_tokenizer(cfg: DataConfig) -> PreTrainedTokenizerBase | None:
 
 def _bpe_training_text(cfg: DataConfig, files: list[str]) -> Iterable[str] | Iterable[list[str]]:
     if cfg.source == "datasets":
-        from app.components.data.lm_rows import text_batches, text_splits
+        from app.components.data.lm.rows import text_batches, text_splits
 
         return text_batches(text_splits(cfg)[0], cfg.text_column)
     return split_documents(read_documents(cfg, files), cfg.val_fraction, cfg.seed, cfg.seq_len)[0]

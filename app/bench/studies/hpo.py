@@ -34,7 +34,7 @@ Goals = dict[str, dict[str, object]]  # a goal's name -> its figures and `met`
 
 class TrialRow(TypedDict):
     """A study's trial: from the sweeper's journal and the trial's summary.json, or from a
-    Trainer study (app/bench/hpo_peers.py), which has only the first six."""
+    Trainer study (app/bench/studies/hpo_peers.py), which has only the first six."""
 
     number: int
     state: str  # COMPLETE | PRUNED | FAIL ...
@@ -70,7 +70,7 @@ class StudyResult(TypedDict):
     trials: list[TrialRow]
     batch_size_study: NotRequired[BatchStudyFigures | None]  # where asked for
     pruner_args: NotRequired[dict[str, object]]  # a Trainer study's
-    reach_s: NotRequired[float | None]  # app/bench/hpo_peers.py
+    reach_s: NotRequired[float | None]  # app/bench/studies/hpo_peers.py
     reach_steps: NotRequired[int | None]
 
 

@@ -12,8 +12,8 @@ per seed (`hpo.seed`, the samplers'):
 - `default`: the default study as shipped: 20 full trials' worth of training (hpo.budget_trials),
   its pruner's savings spent on more trials;
 - `trainer`: `Trainer.hyperparameter_search(backend="optuna")` on the same model, data, search
-  space and data budget (app/bench/hf_study.py), 20 trials, with what it gets by default: TPE
-  (seeded) and Optuna's default pruner (the median pruner), judging at its own steps;
+  space and data budget (app/bench/studies/hf_study.py), 20 trials, with what it gets by default:
+  TPE (seeded) and Optuna's default pruner (the median pruner), judging at its own steps;
 - the default study's pick, retrained at the grid's budget (a one-trial study of its parameters).
 
 Goals per seed, as the issue states them: (a) the pick retrained is within 1 % of the grid's
@@ -32,8 +32,8 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, TypedDict
 
-from app.bench.hpo import Goals, Params, StudyResult, TrialRow, run_study
-from app.bench.hpo_peers import WITHIN, PeerSpec, reach_seconds, trainer_study
+from app.bench.studies.hpo import Goals, Params, StudyResult, TrialRow, run_study
+from app.bench.studies.hpo_peers import WITHIN, PeerSpec, reach_seconds, trainer_study
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial

@@ -41,9 +41,9 @@ PROFILES: dict[str, Profile] = {
         "steps": 40,
         "variants": {"eager": ["model.compile=false"], "compile": ["model.compile=true"]},
     },
-    # Sequence classification (app/bench/tasks.py): the tiny DeBERTa on the built-in NLI corpus,
-    # length-grouped steps padded per micro-batch; throughput in samples/s. The experiment's 16
-    # samples per step, as 8 x 2 so accumulation is part of it.
+    # Sequence classification (app/bench/throughput/tasks.py): the tiny DeBERTa on the built-in NLI
+    # corpus, length-grouped steps padded per micro-batch; throughput in samples/s. The
+    # experiment's 16 samples per step, as 8 x 2 so accumulation is part of it.
     "nli_tiny": {
         "overrides": [
             "experiment=nli_tiny",

@@ -12,10 +12,18 @@ import time
 from pathlib import Path
 from typing import TypeVar
 
-from app.bench.lockstep import Lane, run_turns
-from app.bench.profiles import PROFILES, Arm, Profile, ablations
-from app.bench.report import Report, Row, RunResult, add_ratios, aggregate, machine_info, unit_rate
-from app.bench.workers import Spec
+from app.bench.throughput.lockstep import Lane, run_turns
+from app.bench.throughput.profiles import PROFILES, Arm, Profile, ablations
+from app.bench.throughput.report import (
+    Report,
+    Row,
+    RunResult,
+    add_ratios,
+    aggregate,
+    machine_info,
+    unit_rate,
+)
+from app.bench.throughput.workers import Spec
 
 Key = tuple[str, str]  # (variant or ablation, contender or arm)
 Results = dict[Key, list[RunResult]]  # every round's run of each arm
@@ -98,8 +106,8 @@ def run_rounds(args: argparse.Namespace, prof: Profile, arms: dict[Key, Arm]) ->
     """Every arm once per round; a failed run is recorded.
 
     In lockstep, the arms of each group (a variant, or an ablation option) run together and
-    their turn order rotates every step (app/bench/lockstep.py). Otherwise they run one after
-    another and the order rotates each round (a, b, c; b, c, a; c, a, b; ...), so over a
+    their turn order rotates every step (app/bench/throughput/lockstep.py). Otherwise they run one
+    after another and the order rotates each round (a, b, c; b, c, a; c, a, b; ...), so over a
     multiple of the number of arms each one runs equally often in every slot: on a shared machine
     the slot alone was measured to move a contender by several percent."""
     results: Results = {key: [] for key in arms}
@@ -156,8 +164,8 @@ def run_worker(arm: Arm, prof: Profile, warmup: int, steps: int) -> RunResult:
 def run_lockstep(
     arms: dict[Key, Arm], prof: Profile, warmup: int, steps: int
 ) -> dict[Key, RunResult]:
-    """One run of each arm, all in lockstep (app/bench/lockstep.py): each sets up alone, then
-    they take turns step by step."""
+    """One run of each arm, all in lockstep (app/bench/throughput/lockstep.py): each sets up alone,
+    then they take turns step by step."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         lanes: dict[Key, Lane] = {}
         outs: dict[Key, Path] = {}

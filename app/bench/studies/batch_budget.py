@@ -24,7 +24,7 @@ import sys
 import tempfile
 from typing import TypedDict
 
-from app.bench.hpo import Goals, Params, TrialRow, fatal_env, run_study
+from app.bench.studies.hpo import Goals, Params, TrialRow, fatal_env, run_study
 from app.engine.records.summary import Summary
 
 BUDGET = 3840  # samples: 120 steps at batch 32

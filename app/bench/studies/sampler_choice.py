@@ -5,8 +5,8 @@ Two studies, each run once per sampler arm and seed (`hpo.seed`, the sampler's):
 
 - `default`: `-m hpo=optuna` as shipped: its search space, its budget (hpo.budget_trials: 20
   full trials' worth of training, at equal data), its pruner (successive halving);
-- `bench`: the study of `python -m app.bench --hpo` (app/bench/hpo.py: sweeps/tiny_cpu.yaml's
-  space, 16 trials of 120 steps) with its default pruner.
+- `bench`: the study of `python -m app.bench --hpo` (app/bench/studies/hpo.py:
+  sweeps/tiny_cpu.yaml's space, 16 trials of 120 steps) with its default pruner.
 
 The arms spell every argument they depend on, so that they mean the same whatever the default
 of `hpo=optuna` is:
@@ -34,8 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import TypedDict
 
-from app.bench.hpo import STUDY as BENCH_STUDY
-from app.bench.hpo import StudyResult, run_study
+from app.bench.studies.hpo import STUDY as BENCH_STUDY
+from app.bench.studies.hpo import StudyResult, run_study
 
 ARMS: dict[str, list[str]] = {
     "tpe-before": ["hpo.sampler=tpe", "hpo.sampler_args={multivariate:false}"],

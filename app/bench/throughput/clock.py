@@ -13,10 +13,10 @@ class StepClock:
     and the last step, so measuring adds nothing to the steps in between; the measured time is
     warm-up end to last step end.
 
-    In lockstep (app/bench/lockstep.py): the worker passes the baton before its first step and after
-    each one, and a step is timed from the parent's go to its end (a device sync there, so a GPU
-    does not run on into the next contender's turn). The measured time is the sum over the steps
-    after the warm-up, and holds everything the loop does between two steps.
+    In lockstep (app/bench/throughput/lockstep.py): the worker passes the baton before its first
+    step and after each one, and a step is timed from the parent's go to its end (a device sync
+    there, so a GPU does not run on into the next contender's turn). The measured time is the sum
+    over the steps after the warm-up, and holds everything the loop does between two steps.
     """
 
     def __init__(self, start_time: float, warmup: int, total: int, device, baton=None) -> None:

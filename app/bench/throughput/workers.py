@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
-from app.bench.clock import StepClock
-from app.bench.lockstep import Baton
-from app.bench.report import RunResult
+from app.bench.throughput.clock import StepClock
+from app.bench.throughput.lockstep import Baton
+from app.bench.throughput.report import RunResult
 
 if TYPE_CHECKING:
     from app.config.schema import TrainConfig
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class Spec(TypedDict):
-    """What a worker runs (spec.json, written by app/bench/schedule.py)."""
+    """What a worker runs (spec.json, written by app/bench/throughput/schedule.py)."""
 
     contender: str  # trainer | bare | hf
     overrides: list[str]
@@ -62,7 +62,7 @@ def _result(
     peak_tflops: float | None,
 ) -> RunResult:
     """Throughput in tokens that carry data and in samples (the work the clock counted over the
-    measured steps); `unit` says which one the task reports (app/bench/tasks.py)."""
+    measured steps); `unit` says which one the task reports (app/bench/throughput/tasks.py)."""
     from app.engine.records.telemetry import mfu
 
     seconds = clock.measured_seconds()
@@ -121,7 +121,7 @@ def work_trainer(spec: Spec) -> RunResult:
     """The real `run_training`; the only addition is a timestamp after each optimizer step."""
     import torch
 
-    from app.bench.tasks import bench_task
+    from app.bench.throughput.tasks import bench_task
     from app.engine.run import Observers, StepHooks
     from app.engine.runner import run_training
 
@@ -187,12 +187,13 @@ def _adamw(model, cfg, impl: str):
 
 def work_bare(spec: Spec) -> RunResult:
     """The floor: model, AdamW, autocast, clip, step. No loader, no logging, no framework.
-    What a step's samples are and how they are split is the task's (app/bench/tasks.py)."""
+    What a step's samples are and how they are split is the task's
+    (app/bench/throughput/tasks.py)."""
     import contextlib
 
     import torch
 
-    from app.bench.tasks import bench_task
+    from app.bench.throughput.tasks import bench_task
     from app.components.schedule import build_scheduler
 
     cfg = _compose(spec)
@@ -236,10 +237,11 @@ def work_bare(spec: Spec) -> RunResult:
 
 def work_hf(spec: Spec) -> RunResult:
     """transformers.Trainer with the same model, batch plan, optimizer recipe and precision; the
-    dataset, collator and sampling a Trainer user would pick for the task (app/bench/tasks.py)."""
+    dataset, collator and sampling a Trainer user would pick for the task
+    (app/bench/throughput/tasks.py)."""
     from transformers import TrainerCallback, TrainingArguments
 
-    from app.bench.tasks import bench_task
+    from app.bench.throughput.tasks import bench_task
     from app.components.data.loader import resolve_num_workers
 
     cfg = _compose(spec)

@@ -17,7 +17,7 @@ Two budgets, as the sweeper's study has them:
   steps, warm-up and evaluations set per trial from its batch (the Trainer counts them in its
   own steps), the whole batch per step (no accumulation: on a CPU it fits).
 
-Run as `python -m app.bench.hf_study <spec.json>`; transformers is imported only here.
+Run as `python -m app.bench.studies.hf_study <spec.json>`; transformers is imported only here.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def _suggest(trial: Any, space: dict[str, Any], micro: int) -> dict[str, Any]:
 def _trainer(cfg: Any, tmp: str, data_budget: bool = False) -> Any:
     from transformers import Trainer, TrainingArguments
 
-    from app.bench.tasks import _HfBlocks
+    from app.bench.throughput.tasks import _HfBlocks
     from app.components.data.loader import StepDataset
     from app.components.tasks import build_task
 

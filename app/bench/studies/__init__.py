@@ -1,0 +1,2 @@
+"""Studies measured: pruning's savings, peers (the Trainer's study), budgets in data, the
+default study, the sampler, fleets, the report."""
