@@ -68,6 +68,64 @@ def test_modules_are_rooms_of_a_readable_size():
     assert not big, big
 
 
+MAX_FOLDER_MODULES = 12
+
+
+def test_no_folder_is_a_flat_list_of_more_than_twelve_modules():
+    """A folder past a dozen modules gets rooms (subpackages by what they are about)."""
+    crowded = {}
+    for package in PACKAGES:
+        for folder in [ROOT / package, *(ROOT / package).rglob("*/")]:
+            names = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+            if len(names) > MAX_FOLDER_MODULES and "__pycache__" not in folder.parts:
+                crowded[str(folder.relative_to(ROOT))] = len(names)
+    assert not crowded, crowded
+
+
+def room_of(module: str, folder: str) -> str | None:
+    """The room of `folder` that holds `module`: its module or subpackage directly under it."""
+    if not module.startswith(folder + "."):
+        return None
+    return module[len(folder) + 1 :].split(".")[0]
+
+
+def test_the_rooms_of_every_folder_import_each_other_without_a_circle():
+    """Inside each folder its modules and subfolders are rooms; an import between two of them is
+    an arrow. A circle among rooms (a -> b -> a, module by module acyclic) is an arrow that runs
+    back up: the batch search once imported the run that imported the batch plan."""
+    g = graph()
+    folders = {package_of(m) for m in g} | set(PACKAGE_INITS)
+    circles = []
+    for folder in sorted(folders):
+        arrows: dict[str, set[str]] = {}
+        for m, targets in g.items():
+            a = room_of(m, folder)
+            for n in targets:
+                b = room_of(n, folder)
+                if a and b and a != b:
+                    arrows.setdefault(a, set()).add(b)
+        circles += [f"{folder}: {c}" for c in _circles(arrows)]
+    assert not circles, circles
+
+
+def _circles(arrows: dict[str, set[str]]) -> list[str]:
+    found, state = [], {}  # state 1: on the path, 2: done
+
+    def visit(a: str, path: list[str]) -> None:
+        state[a] = 1
+        for b in sorted(arrows.get(a, ())):
+            if state.get(b) == 1:
+                found.append(" -> ".join([*path[path.index(b) :], b]))
+            elif b not in state:
+                visit(b, [*path, b])
+        state[a] = 2
+
+    for a in sorted(arrows):
+        if a not in state:
+            visit(a, [a])
+    return found
+
+
 def test_functions_fit_on_a_screen_outside_the_benchmark():
     long = []
     for name, path in modules().items():

@@ -59,7 +59,7 @@ def build_classifier(class_name: str, config: PretrainedConfig, m: ModelConfig) 
     """transformers.<class_name> from `config`, untrained, with the attention asked for."""
     import transformers
 
-    from app.components.models.families import enable_activation_checkpointing
+    from app.components.models.checkpointing import enable_activation_checkpointing
 
     cls = getattr(transformers, class_name)
     model = with_attention_fallback(
@@ -120,7 +120,7 @@ def load_pretrained_classifier(m: ModelConfig, data: TaskData) -> torch.nn.Modul
             f"model.path={m.path!r} could not be loaded ({first_line(exc)})"
         ) from None
     check_vocab(model, m, data.vocab_size)
-    from app.components.models.families import enable_activation_checkpointing
+    from app.components.models.checkpointing import enable_activation_checkpointing
 
     if m.gradient_checkpointing:
         enable_activation_checkpointing(model)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from app.components.data.config import DataConfig
     from app.components.models.config import ModelConfig
-    from app.components.models.families import Task
+    from app.components.models.task import Task
 
 # Files of which any one makes a directory a tokenizer AutoTokenizer can load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

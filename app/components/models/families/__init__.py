@@ -13,10 +13,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
+from app.components.models.checkpointing import enable_activation_checkpointing
 from app.components.models.config import ModelConfig
 from app.components.models.heads import Head
+from app.components.models.task import Task
 from app.core.errors import ConfigError
 from app.core.registry import Registry
 
@@ -27,23 +29,6 @@ if TYPE_CHECKING:
 
     from app.components.data.config import DataConfig
     from app.components.data.task_data import TaskData
-
-
-class Task(Protocol):
-    """What a model family asks of the task it builds a model for (app/components/tasks)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def sequence_setting(self) -> str: ...
-
-    @property
-    def byte_vocab(self) -> int: ...
-
-    def sequence_length(self, data: DataConfig) -> int: ...
-
-    def load_pretrained(self, model: ModelConfig, data: TaskData) -> torch.nn.Module: ...
 
 
 Build = Callable[[ModelConfig, "TaskData", Task], "torch.nn.Module"]
@@ -153,11 +138,3 @@ def causal_lm(model: PreTrainedModel, m: ModelConfig) -> PreTrainedModel:
         enable_activation_checkpointing(model)
     model.config.use_cache = False  # no KV cache while training: it only costs memory
     return model
-
-
-def enable_activation_checkpointing(model: PreTrainedModel) -> None:
-    kwargs = {"use_reentrant": False}  # the reentrant variant is deprecated in torch
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 renamed it
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
