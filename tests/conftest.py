@@ -133,6 +133,19 @@ def train_here(*argv: str) -> dict:
     return summary
 
 
+def invoke_here(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """`python -m app.train ARGV` in this process (runpy does what `-m` does), for a run that
+    ends the process: its exit status, stdout and stderr."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["app.train", *argv])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_module("app.train", run_name="__main__", alter_sys=True)
+    captured = capsys.readouterr()
+    code = exc.value.code
+    return (code if isinstance(code, int) else 1), captured.out, captured.err
+
+
 def save_tiny_gpt2(directory: Path, positions: int = 64, tokenizer: bool = True) -> Path:
     """A small local "pretrained" causal LM: a byte-level BPE of ~300 tokens trained on a few
     sentences (its ids are not bytes) and a GPT-2 of that vocabulary, as save_pretrained

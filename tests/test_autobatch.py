@@ -323,10 +323,10 @@ def test_the_measured_peak_memory_caps_the_probe(cache_dir, probing):
 
 def test_the_probe_budget_refuses_what_would_pass_its_seconds_or_steps():
     """max_probe_seconds and max_probe_steps, on a clock the test moves (no wall clock)."""
-    from app.engine.batch.search import Budget
+    from app.engine.batch.search import ProbeAllowance
 
     now = [100.0]
-    budget = Budget(max_steps=10, max_seconds=5.0, clock=lambda: now[0])
+    budget = ProbeAllowance(max_steps=10, max_seconds=5.0, clock=lambda: now[0])
     assert budget.allows(steps=4, est_seconds=4.0)
     now[0] = 102.0  # 2 s spent: 2 + 4 > 5
     assert not budget.allows(steps=1, est_seconds=4.0)

@@ -12,17 +12,15 @@ import hashlib
 import os
 import pickle
 import re
-import runpy
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
 import torch
 
-from tests.conftest import TINY, save_tiny_gpt2, train_here
+from tests.conftest import TINY, invoke_here, save_tiny_gpt2, train_here
 
 pytestmark = pytest.mark.integration
 
@@ -247,15 +245,6 @@ def scratch(tmp_path, finished_run, saved_datasets, pretrained) -> Path:
     return tmp_path
 
 
-def _invoke(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    """`python -m app.train ARGV`, in this process: runpy does what `-m` does."""
-    monkeypatch.setattr(sys, "argv", ["app.train", *argv])
-    with pytest.raises(SystemExit) as exc:
-        runpy.run_module("app.train", run_name="__main__", alter_sys=True)
-    captured = capsys.readouterr()
-    return exc.value.code, captured.out, captured.err
-
-
 def _assert_one_line(code: int, err: str, needle: str) -> None:
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2, err
@@ -276,7 +265,7 @@ def test_bad_run_input_is_one_line_and_touches_nothing(
         f"hydra.run.dir={run_dir}",
         *(o.format(tmp=scratch) for o in overrides),
     ]
-    code, _, err = _invoke(argv, monkeypatch, capsys)
+    code, _, err = invoke_here(argv, monkeypatch, capsys)
     _assert_one_line(code, err, needle)
     _assert_documented(overrides, err, scratch)
     assert _snapshot(run_dir) == before
@@ -312,7 +301,7 @@ def test_a_refusal_after_hydra_started_leaves_the_run_dir_as_it_was(
         f"hydra.run.dir={run_dir}",
         *(o.format(tmp=scratch) for o in overrides),
     ]
-    code, _, err = _invoke(argv, monkeypatch, capsys)
+    code, _, err = invoke_here(argv, monkeypatch, capsys)
     _assert_one_line(code, err, needle)
     assert _snapshot(run_dir) == before
     assert run_dir.exists() == (target == "finished")
@@ -375,7 +364,7 @@ def test_bad_sweep_input_is_one_line_and_leaves_the_study(
         f"hydra.sweep.dir={tmp_path / 'multirun'}",
         *overrides,
     ]
-    code, _, err = _invoke(argv, monkeypatch, capsys)
+    code, _, err = invoke_here(argv, monkeypatch, capsys)
     _assert_one_line(code, err, needle)
     _assert_documented(overrides, err, tmp_path)
     assert _snapshot(study) == before
@@ -410,7 +399,7 @@ def read_only_dir(tmp_path) -> Path:
 @pytest.mark.e2e
 def test_a_read_only_output_directory_is_one_line(read_only_dir, tmp_path, monkeypatch, capsys):
     argv = [*TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={read_only_dir}/run"]
-    code, _, err = _invoke(argv, monkeypatch, capsys)
+    code, _, err = invoke_here(argv, monkeypatch, capsys)
     _assert_one_line(code, err, "cannot write in")
 
 
@@ -418,7 +407,7 @@ def test_resuming_a_completed_run_is_a_no_op(scratch, monkeypatch, capsys):
     run_dir = scratch / "run"
     before = _snapshot(run_dir)
     argv = [*TINY, f"data.cache_dir={scratch / 'c'}", f"hydra.run.dir={run_dir}", RESUME]
-    code, out, err = _invoke(argv, monkeypatch, capsys)
+    code, out, err = invoke_here(argv, monkeypatch, capsys)
     assert code == 0, err
     assert "the run is complete, nothing to do" in out
     assert _snapshot(run_dir) == before

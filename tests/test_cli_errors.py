@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import runpy
+import sys
+
 import pytest
 import torch
 
@@ -9,9 +12,9 @@ from app.cli.preflight import one_line, split_argv
 from app.config import ConfigError, load_config
 from app.engine.records.summary import Summary
 from tests import procs
-from tests.conftest import compose, tiny
+from tests.conftest import compose, invoke_here, tiny
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize(
@@ -84,63 +87,63 @@ def test_split_argv_skips_hydra_flags_and_multirun():
     assert split_argv(["--help"]) is None
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["gpu=rtx9090"], "gpu=rtx9090 is not an option"),
-        (["training.lr_typo=1"], "training.lr_typo: no such setting"),
-        (["training.effective_batch_size=0"], "training.effective_batch_size=0"),
-        (["training.micro_batch_size=64"], "training.micro_batch_size=64"),
-        (["model.n_embd=130"], "must be divisible by model.n_head"),
-        (["gpu=t4", "precision=bf16"], "precision=bf16 is not supported by gpu=t4"),
-        (["data=text_files", "data.seq_len=64", "data.paths=[/nonexistent/*.txt]"], "data.paths"),
+        (["gpu=rtx9090"], "gpu=rtx9090 is not an option"),  # refused while composing
+        (["training.micro_batch_size=64"], "training.micro_batch_size=64"),  # by the schema
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+    """The process as a user sees it: exit status 2, one `error:` line on stderr. Every other
+    bad input is checked in-process (tests/test_bad_inputs.py, its table of cases)."""
     proc = procs.train(*args, f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ") and needle in lines[0]
     assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
-def test_cuda_preset_without_cuda(tmp_path):
-    shown = procs.train("gpu=rtx4090", "precision=bf16", "--cfg", "job")
-    assert shown.returncode == 0, shown.stderr
-    assert "name: rtx4090" in shown.stdout and "name: bf16" in shown.stdout
-    proc = procs.train("gpu=rtx4090", "precision=bf16", f"hydra.run.dir={tmp_path}")
-    assert proc.returncode == 2
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+def test_cuda_preset_without_cuda(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["app.train", "gpu=rtx4090", "precision=bf16", "--cfg", "job"])
+    runpy.run_module("app.train", run_name="__main__", alter_sys=True)
+    shown = capsys.readouterr().out
+    assert "name: rtx4090" in shown and "name: bf16" in shown
+    code, _, err = invoke_here(
+        ["gpu=rtx4090", "precision=bf16", f"hydra.run.dir={tmp_path}"], monkeypatch, capsys
+    )
+    assert code == 2
+    lines = [ln for ln in err.splitlines() if ln.strip()]
     assert lines == [lines[0]] and "gpu=rtx4090 needs a CUDA device" in lines[0]
     assert "gpu=cpu or gpu=auto" in lines[0]
 
 
-@pytest.mark.slow
-def test_corrupt_checkpoint_on_resume_is_one_line_and_untouched(tmp_path):
+@pytest.mark.integration
+def test_corrupt_checkpoint_on_resume_is_one_line_and_untouched(tmp_path, monkeypatch, capsys):
     ckpt_dir = tmp_path / "run" / "checkpoints"
     ckpt_dir.mkdir(parents=True)
     bad = ckpt_dir / "step_00000004.pt"
     bad.write_bytes(b"not a checkpoint")
-    proc = procs.train(*tiny(tmp_path), "training.resume=auto", f"hydra.run.dir={tmp_path / 'run'}")
-    assert proc.returncode == 2, proc.stderr
-    assert "training.resume: checkpoint" in proc.stderr and "unreadable" in proc.stderr
+    argv = [*tiny(tmp_path), "training.resume=auto", f"hydra.run.dir={tmp_path / 'run'}"]
+    code, _, err = invoke_here(argv, monkeypatch, capsys)
+    assert code == 2, err
+    assert "training.resume: checkpoint" in err and "unreadable" in err
     assert bad.read_bytes() == b"not a checkpoint"
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step_00000004.pt"]
 
 
-@pytest.mark.slow
-def test_out_of_memory_even_at_micro_batch_1_is_one_line(tmp_path):
-    proc = procs.train(
-        *tiny(tmp_path, "faults.oom_above_micro_batch=0"), f"hydra.run.dir={tmp_path}/r"
-    )
-    assert proc.returncode == 1, proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+@pytest.mark.integration
+def test_out_of_memory_even_at_micro_batch_1_is_one_line(tmp_path, monkeypatch, capsys):
+    argv = [*tiny(tmp_path, "faults.oom_above_micro_batch=0"), f"hydra.run.dir={tmp_path}/r"]
+    code, _, err = invoke_here(argv, monkeypatch, capsys)
+    assert code == 1, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: out of memory at micro-batch 1")
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in err
     summary = Summary.read(tmp_path / "r")
     assert summary.status == "oom" and summary.oom_count == 3  # 4 -> 2 -> 1 -> out

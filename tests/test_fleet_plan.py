@@ -133,13 +133,13 @@ def _worker_budget(monkeypatch, storage, worker: int, seed: int, space):
     `seed`) as that worker builds it, and its budget, which draws each new trial's point."""
     from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import build_sampler
     from hydra_plugins.hydratrain_optuna_sweeper._study._settings import StockOptions, read_settings
-    from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyBudget
+    from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyTrialBudget
 
     monkeypatch.setenv(WORKER_ENV, str(worker))
     s = read_settings(StockOptions(False), OmegaConf.create({"seed": seed}), "/tmp/sweep")
     sampler = build_sampler(seeded_for_worker(s.sampler), s.sampler_key, dict, 1, oom=True)
     study = optuna.load_study(study_name="s", storage=storage, sampler=sampler)
-    return StudyBudget(study, None, None, s.liveness, draw=space.draw)
+    return StudyTrialBudget(study, None, None, s.liveness, draw=space.draw)
 
 
 def test_two_workers_asking_at_once_are_not_handed_the_same_point(monkeypatch):

@@ -31,7 +31,7 @@ from hydra_plugins.hydratrain_optuna_sweeper._study._settings import (
     read_settings,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
-    StudyBudget,
+    StudyTrialBudget,
     fail_stale_trials,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._study._space import (
@@ -443,7 +443,7 @@ LIVE = Liveness(
 
 def test_budget_never_over_asks_and_counts_running_trials(tmp_path):
     study, spec = _study(tmp_path)
-    budget = StudyBudget(study, 3, spec.lock_path, LIVE)
+    budget = StudyTrialBudget(study, 3, spec.lock_path, LIVE)
     trials = budget.next_trials(3)  # all three still RUNNING
     assert len(trials) == 3
     assert budget.next_trials(1) == []  # running trials hold their slots
@@ -455,7 +455,7 @@ def test_surplus_trial_is_discarded_uncounted(tmp_path):
     study, _spec = _study(tmp_path)
     for _ in range(2):
         study.tell(study.ask(), 1.0)
-    budget = StudyBudget(study, 2, None, LIVE)
+    budget = StudyTrialBudget(study, 2, None, LIVE)
     extra = study.ask()  # as if another worker asked concurrently
     assert budget._is_surplus(extra.number)
     budget._discard(extra)
@@ -467,7 +467,7 @@ def test_surplus_trial_is_discarded_uncounted(tmp_path):
 def test_stale_trial_is_failed_and_requeued(tmp_path):
     study, spec = _study(tmp_path)
     live = Liveness(0.1, 1.0, 1, True, 0.1)  # 1 s: a busy machine's stall does not age it
-    budget = StudyBudget(study, 2, spec.lock_path, live)
+    budget = StudyTrialBudget(study, 2, spec.lock_path, live)
     (stale,) = budget.next_trials(1)
     stale.suggest_float("x", 0, 1)
     assert fail_stale_trials(study, live, exclude=set()) == []  # fresh heartbeat
@@ -488,7 +488,7 @@ def test_a_stale_resumed_trial_is_retried_from_the_checkpoint_it_resumed_from(tm
     not from step 0 (ASHA's promise: a promoted trial resumes from its checkpoint exactly)."""
     study, spec = _study(tmp_path)
     live = Liveness(0.1, 1.0, 1, True, 0.1)
-    budget = StudyBudget(study, 2, spec.lock_path, live)
+    budget = StudyTrialBudget(study, 2, spec.lock_path, live)
     (stale,) = budget.next_trials(1)
     stale.suggest_float("x", 0, 1)
     stale.set_user_attr("resume_from", "/runs/paused-trial-3")

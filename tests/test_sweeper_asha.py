@@ -24,7 +24,7 @@ from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import EvalSchedule,
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import PROMOTED_FROM, UNCOUNTED, root
 from hydra_plugins.hydratrain_optuna_sweeper._study._settings import Liveness
 from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
-    StudyBudget,
+    StudyTrialBudget,
     counted,
     requeue,
 )
@@ -135,7 +135,9 @@ def test_a_trial_in_the_top_third_of_its_rung_goes_on(tmp_path):
 def test_a_promotion_is_a_waiting_copy_that_resumes_and_holds_no_slot(tmp_path):
     study = _study(tmp_path)
     numbers = [_reach_rung(study, v)[0] for v in (1.0, 2.0, 3.0)]
-    budget = StudyBudget(study, 3, str(tmp_path / "lock"), LIVE, promoter=Promoter(study, study, 3))
+    budget = StudyTrialBudget(
+        study, 3, str(tmp_path / "lock"), LIVE, promoter=Promoter(study, study, 3)
+    )
     (copy,) = budget.next_trials(1)  # the budget is spent, the promotion still runs
     frozen = private.frozen(study, copy)
     paused = study.get_trials()[numbers[0]]
@@ -151,11 +153,11 @@ def test_a_promotion_is_a_waiting_copy_that_resumes_and_holds_no_slot(tmp_path):
 
 
 def test_the_stock_n_trials_counts_new_trials_only_and_still_promotes(tmp_path):
-    """hydra.sweeper.n_trials (RunBudget): N more trials per run; promotions are not trials."""
-    from hydra_plugins.hydratrain_optuna_sweeper._study._shared import RunBudget
+    """hydra.sweeper.n_trials (RunTrialBudget): N more trials per run; promotions are not trials."""
+    from hydra_plugins.hydratrain_optuna_sweeper._study._shared import RunTrialBudget
 
     study = _study(tmp_path)
-    budget = RunBudget(study, 3, None, LIVE, promoter=Promoter(study, study, 3))
+    budget = RunTrialBudget(study, 3, None, LIVE, promoter=Promoter(study, study, 3))
     for value in (1.0, 2.0, 3.0):
         (trial,) = budget.next_trials(1)
         _reach_rung(study, value, trial=trial)
@@ -169,7 +171,7 @@ def test_a_preempted_promoted_trial_stays_in_its_line_and_holds_no_slot(tmp_path
     study = _study(tmp_path)
     for value in (1.0, 2.0, 3.0):
         _reach_rung(study, value)
-    budget = StudyBudget(study, 3, None, LIVE, promoter=Promoter(study, study, 3))
+    budget = StudyTrialBudget(study, 3, None, LIVE, promoter=Promoter(study, study, 3))
     (copy,) = budget.next_trials(1)
     study.tell(copy, state=TrialState.FAIL)  # as if preempted
     requeue(study, private.frozen(study, copy), {"resume_from": "/runs/3"})
@@ -191,7 +193,7 @@ def test_two_promotions_of_one_paused_trial_run_once(tmp_path):
 
     study.add_trial(promotion(first))
     study.add_trial(promotion(first))  # the other worker's, at the same moment
-    budget = StudyBudget(study, 3, None, LIVE, promoter=promoter)
+    budget = StudyTrialBudget(study, 3, None, LIVE, promoter=promoter)
     budget.promoter = None  # only the two queued copies: nothing else to promote
     runs = [study.ask(), study.ask()]
     budget.promoter = promoter
@@ -405,7 +407,7 @@ def test_a_running_promotion_leaves_the_paused_result_as_the_lines_one_observati
     study = _study(tmp_path)
     for value in (1.0, 2.0, 3.0):
         _reach_rung(study, value)
-    budget = StudyBudget(study, 3, None, LIVE, promoter=Promoter(study, study, 3))
+    budget = StudyTrialBudget(study, 3, None, LIVE, promoter=Promoter(study, study, 3))
     budget.next_trials(1)  # the promotion of trial 0, now running
     seen = observations(study.get_trials(deepcopy=False))
     assert [(t.number, t.state) for t in seen] == [
@@ -467,7 +469,7 @@ def test_a_paused_trial_that_leads_its_rung_is_promoted_to_the_top_before_the_st
     best = _finished(study, {20: 1.6, 60: 0.9}, paused_at=60)
     for value in (2.0, 2.1, 2.2, 2.3):
         _finished(study, {20: value}, paused_at=20)
-    budget = StudyBudget(study, 6, None, LIVE, promoter=Promoter(study, study, 3))
+    budget = StudyTrialBudget(study, 6, None, LIVE, promoter=Promoter(study, study, 3))
     assert budget.next_trials(1) == []  # the budget is spent and nothing qualifies yet
     assert budget.promote_at_end()  # nothing runs: the rung's best goes on
     (copy,) = budget.next_trials(1)
@@ -485,5 +487,5 @@ def test_nothing_is_promoted_at_the_end_while_a_trial_still_runs(tmp_path):
     for value in (2.0, 2.1, 2.2, 2.3):
         _finished(study, {20: value}, paused_at=20)
     study.ask()  # another worker's trial, running
-    budget = StudyBudget(study, 6, None, LIVE, promoter=Promoter(study, study, 3))
+    budget = StudyTrialBudget(study, 6, None, LIVE, promoter=Promoter(study, study, 3))
     assert not budget.promote_at_end()

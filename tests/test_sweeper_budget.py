@@ -17,7 +17,7 @@ import pytest
 from optuna.trial import TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper._study._settings import Liveness
-from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyBudget, counted
+from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyTrialBudget, counted
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 
 pytestmark = pytest.mark.unit
@@ -37,7 +37,7 @@ def _work(kind: str, path: str, barrier, done) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.load_study(study_name="b", storage=_storage(kind, path))
     lock = f"{path}.budget.lock" if kind == "journal" else None
-    budget = StudyBudget(study, N_TRIALS, lock, LIVE)
+    budget = StudyTrialBudget(study, N_TRIALS, lock, LIVE)
     barrier.wait()
     ran = 0
     while trials := budget.next_trials(1):
@@ -92,7 +92,7 @@ def test_trials_stopped_early_spend_their_share_and_buy_more_trials():
 
     study = optuna.create_study()
     worth = TrialsWorth(study, 2.0, last=90)
-    budget = StudyBudget(study, None, None, LIVE, worth=worth)
+    budget = StudyTrialBudget(study, None, None, LIVE, worth=worth)
     (first,) = budget.next_trials(1)
     first.suggest_float("x", 0.0, 1.0)
     study.tell(first, 1.0)

@@ -19,7 +19,7 @@ from hydra_plugins.hydratrain_optuna_sweeper._study._settings import (
     StockOptions,
     read_settings,
 )
-from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyBudget
+from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyTrialBudget
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 
@@ -33,14 +33,14 @@ LIVE = Liveness(
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def _worker(path: Path, budget_s: float) -> tuple[optuna.Study, StudyBudget]:
+def _worker(path: Path, budget_s: float) -> tuple[optuna.Study, StudyTrialBudget]:
     """A worker's view of the shared study: its own Study object and budget."""
     study = optuna.load_study(study_name="c", storage=journal(str(path)))
     lock = f"{path}.budget.lock"  # the sweeper's (StorageSpec.lock_path); .lock is Optuna's own
-    return study, StudyBudget(study, 10, lock, LIVE, cost=CostCap(study, budget_s))
+    return study, StudyTrialBudget(study, 10, lock, LIVE, cost=CostCap(study, budget_s))
 
 
-def _spend(study: optuna.Study, budget: StudyBudget, seconds: float) -> None:
+def _spend(study: optuna.Study, budget: StudyTrialBudget, seconds: float) -> None:
     (trial,) = budget.next_trials(1)
     trial.set_user_attr("device_seconds", seconds)
     study.tell(trial, 1.0)

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 
 class ScheduleSettings(Protocol):
-    """What the schedule reads: the run's Budget (app/config/budget.py) has these fields."""
+    """What the schedule reads: the run's TrainBudget (app/config/budget.py) has these fields."""
 
     @property
     def warmup_steps(self) -> float: ...  # fractional under a data budget (an uneven batch)

@@ -39,7 +39,7 @@ UNITS = ("steps", "samples", "tokens")
 
 
 @dataclass(frozen=True)
-class Budget:
+class TrainBudget:
     """One run's schedule at its effective batch. `unit` is what the budget and the report axis
     count (steps, samples or tokens); `per_step` how many of them one optimizer step is."""
 
@@ -146,7 +146,7 @@ class ReportAxis:
     last: int
 
 
-def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> Budget:
+def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> TrainBudget:
     """`t` resolved for its effective batch. `tokens_per_sample`: the exact tokens of every
     sample (packed blocks), None where samples vary in length (max_tokens is refused)."""
     setting, unit, total = _budget_setting(t, tokens_per_sample)
@@ -171,7 +171,7 @@ def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> Budget:
         t.profiler, start_step=steps_here(t.profiler.start_step), steps=steps_here(t.profiler.steps)
     )
     factor = lr_factor(t.lr_scaling, batch, ref)
-    return Budget(
+    return TrainBudget(
         unit=unit,
         batch=batch,
         setting=setting,
@@ -206,12 +206,12 @@ def check_budget(t: TrainingConfig, tokens_per_sample: int | None) -> None:
         _check_scaled_lr(t, budget)
 
 
-def _length(budget: Budget) -> str:
+def _length(budget: TrainBudget) -> str:
     steps = "" if budget.unit == "steps" else f": {budget.max_steps} steps"
     return f"{budget.setting}={budget.total}{steps}"
 
 
-def _last_start(t: TrainingConfig, budget: Budget) -> str:
+def _last_start(t: TrainingConfig, budget: TrainBudget) -> str:
     """The last profiler start_step of this run, in the unit the setting is read in."""
     if budget.unit == "steps":
         return str(budget.max_steps - 1)
@@ -222,7 +222,7 @@ def _last_start(t: TrainingConfig, budget: Budget) -> str:
     return f"{s} (steps of training.reference_batch={ref})"
 
 
-def _check_scaled_lr(t: TrainingConfig, budget: Budget) -> None:
+def _check_scaled_lr(t: TrainingConfig, budget: TrainBudget) -> None:
     """training.lr is checked as written; the rate scaled to this batch must pass too."""
     from app.components.optim import OPTIMIZERS
 

@@ -22,7 +22,7 @@ from app.components.hardware.config import GpuConfig, PrecisionConfig
 from app.components.models.config import ModelConfig
 from app.components.tasks.config import TaskConfig
 from app.components.tracking.config import TrackingConfig
-from app.config.budget import Budget, budget_of, check_budget
+from app.config.budget import TrainBudget, budget_of, check_budget
 from app.config.hpo import HpoConfig
 from app.config.keys import check_known_keys
 from app.config.training import FaultsConfig, TrainingConfig
@@ -74,7 +74,7 @@ class TrainConfig:
         task = TASKS.get(self.task.name)
         return task(self.task).sequence_length(self.data) if task.packed else None
 
-    def budget(self) -> Budget:
+    def budget(self) -> TrainBudget:
         """The run's steps, schedule and learning rate at its effective batch."""
         return budget_of(self.training, self.tokens_per_sample())
 

@@ -16,7 +16,7 @@ from app.components.hardware.config import GpuConfig
 from app.components.hardware.devices import DeviceInfo
 from app.components.hardware.precision import PrecisionPlan
 from app.components.tasks.base import Task
-from app.config.budget import Budget
+from app.config.budget import TrainBudget
 from app.config.training import TrainingConfig
 from app.core.preemption import StopRequest
 from app.engine.batch_plan import BatchPlan
@@ -122,7 +122,7 @@ class Run:
     val_blocks: Samples  # validation samples: packed blocks (causal LM) or padded rows
     run_dir: Path
     task: Task
-    budget: Budget  # its steps, schedule and learning rate at its effective batch
+    budget: TrainBudget  # its steps, schedule and learning rate at its effective batch
     scaler: torch.amp.GradScaler | None = None
     faults: FaultInjector = field(default_factory=FaultInjector)
     dist: DistInfo = field(default_factory=DistInfo)

@@ -50,7 +50,7 @@ from app.engine.train.step import train_step
 log = logging.getLogger(__name__)
 
 
-class Budget:
+class ProbeAllowance:
     """The probe's allowance: max_probe_steps steps and max_probe_seconds on `clock`."""
 
     def __init__(
@@ -84,7 +84,7 @@ class Probe:
         ab = setup.training.auto_batch
         self.setup, self.model, self.data = setup, model, data
         self.device, self.limit = setup.machine.device, limit
-        self.budget = Budget(ab.max_probe_steps, ab.max_probe_seconds)
+        self.budget = ProbeAllowance(ab.max_probe_steps, ab.max_probe_seconds)
         self.trials: Trials = {}
         self.last: tuple[int, float] | None = None  # (micro, seconds) of the last candidate
         self.meter = MemoryMeter(setup.machine.device) if meter is None else meter

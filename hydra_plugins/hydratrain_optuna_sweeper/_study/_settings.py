@@ -74,7 +74,7 @@ class StockOptions:
 
 @dataclass(frozen=True)
 class TrialCount:
-    """The study's budget (`_shared.Budget` hands out its trials): `n_trials` trials (stock:
+    """The study's budget (`_shared.TrialBudget` hands out its trials): `n_trials` trials (stock:
     this many more per run; ours: a study-wide total), and/or `worth` full trials' worth of
     training (hpo.budget_trials, study-wide), so trials stopped early buy more trials. `key`:
     the setting in charge, as the study's first line names it."""

@@ -1,14 +1,14 @@
 """The shared study: the trial budget, heartbeats, stale trials and re-queued trials.
 
-Budget. The stock `n_trials` is this many more trials per run (`RunBudget`). Ours are
-study-wide (`StudyBudget`): `hpo.budget_trials` (the default) hands out trials until the study
+TrialBudget. The stock `n_trials` is this many more trials per run (`RunTrialBudget`). Ours are
+study-wide (`StudyTrialBudget`): `hpo.budget_trials` (the default) hands out trials until the study
 has trained that many full trials' worth (`_cost.TrialsWorth`: a trial pruned at a third of
 its data spent a third), and `hpo.n_trials`, where set, counts every trial of the study (any
 state, running included) except those marked `hpo:uncounted`: a stale or preempted trial that
 was re-queued (its retry counts instead) and a surplus trial (below). So a finished study holds
 exactly n_trials counted trials.
 
-Race safety (`StudyBudget`). A worker reserves a slot by asking for a trial and then
+Race safety (`StudyTrialBudget`). A worker reserves a slot by asking for a trial and then
 re-checking how many counted trials have a *lower* number; at n_trials or more the new trial
 is surplus: it is failed at once with reason=surplus and marked uncounted. On a journal file
 the count-ask-recheck runs under an exclusive file lock, so surplus trials never happen there;
@@ -72,7 +72,7 @@ def uncount(study: optuna.Study, trial: Trial | FrozenTrial) -> None:
     private.set_system_attr(study, trial, UNCOUNTED, True)
 
 
-class Budget(abc.ABC):
+class TrialBudget(abc.ABC):
     """Hands out trials in batches; subclasses say how many. `promoter` (a pruner that pauses: asha)
     queues a paused trial that qualifies before a new one is asked for; `cost` (hpo.budget_s)
     ends the study once its trials spent that many device-seconds; `worth`
@@ -211,7 +211,7 @@ class Budget(abc.ABC):
         return count_toward_budget(trials)
 
 
-class RunBudget(Budget):
+class RunTrialBudget(TrialBudget):
     """The stock `n_trials`: this many more trials in this run, whatever the study holds."""
 
     started = 0
@@ -233,7 +233,7 @@ class RunBudget(Budget):
         super().release(trial)
 
 
-class StudyBudget(Budget):
+class StudyTrialBudget(TrialBudget):
     """`hpo.budget_trials` or `hpo.n_trials`: study-wide, shared by every worker."""
 
     def _ask(self) -> Trial | None:

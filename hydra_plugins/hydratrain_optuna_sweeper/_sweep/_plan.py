@@ -39,7 +39,7 @@ from .._study._cost import CostCap, TrialsWorth, record_budget
 from .._study._fleet_plan import FleetPlan, fleet_worker, seeded_for_worker
 from .._study._samplers import build_sampler, grid_size
 from .._study._settings import StockOptions, SweepSettings, read_settings
-from .._study._shared import RunBudget, StudyBudget
+from .._study._shared import RunTrialBudget, StudyTrialBudget
 from .._study._space import (
     Entry,
     SearchSpace,
@@ -280,7 +280,7 @@ def _budget(
     judge: Judge,
     schedule: EvalSchedule | None,
     space: SearchSpace,
-) -> RunBudget | StudyBudget:
+) -> RunTrialBudget | StudyTrialBudget:
     promotes = pruner_kind(s.pruner).promoter
     promoter = promotes(study, judge.study) if promotes is not None else None
     cost = CostCap(study, s.budget_s) if s.budget_s is not None else None
@@ -289,7 +289,7 @@ def _budget(
     if b.worth is not None:
         worth = TrialsWorth(judge.study, b.worth, None if schedule is None else schedule.last)
         record_budget(study, b.worth)
-    cls = RunBudget if b.per_run else StudyBudget
+    cls = RunTrialBudget if b.per_run else StudyTrialBudget
     return cls(
         study,
         b.n_trials,

@@ -36,7 +36,7 @@ from .._study._cost import COST, line_cost
 from .._study._fleet_plan import WorkerIdentity
 from .._study._samplers import record_oom_constraint
 from .._study._settings import SweepSettings
-from .._study._shared import Budget, budget_lock, heartbeat, requeue
+from .._study._shared import TrialBudget, budget_lock, heartbeat, requeue
 from .._study._space import SearchSpace, SpaceHook, format_value, largest_point, suggest
 from .._study._storage import Masker, retrying
 from ._outcomes import Outcome, classify, error_attrs, not_started
@@ -56,7 +56,7 @@ class Plan:
 
     settings: SweepSettings
     study: optuna.Study
-    budget: Budget
+    budget: TrialBudget
     space: SearchSpace
     hook: SpaceHook | None
     config: DictConfig  # the sweep's (master) config, handed to the search-space hook
