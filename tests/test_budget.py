@@ -19,7 +19,11 @@ from app.engine.records.summary import Summary
 from app.engine.run import Observers
 from app.engine.runner import run_training
 from app.engine.saving import checkpoint as ckpt
-from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import EvalSchedule, build_pruner
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import (
+    ReportAxis,
+    build_pruner,
+    schedule_of,
+)
 from tests import procs
 from tests.conftest import ROOT, compose, config, tiny
 
@@ -169,12 +173,12 @@ def test_tensorboard_charts_the_losses_against_the_samples_seen(tmp_path):
 
 
 def test_the_pruners_schedule_is_in_samples_under_a_sample_budget(tmp_path):
-    steps = EvalSchedule.of(compose(tiny(tmp_path)))
-    assert steps == EvalSchedule(every=3, last=6, unit="steps")
-    data = EvalSchedule.of(compose(tiny(tmp_path, *BY_DATA)))
-    assert data == EvalSchedule(every=32, last=96, unit="samples")
+    steps = schedule_of(compose(tiny(tmp_path)))
+    assert steps == ReportAxis(every=3, last=6, unit="steps")
+    data = schedule_of(compose(tiny(tmp_path, *BY_DATA)))
+    assert data == ReportAxis(every=32, last=96, unit="samples")
     # The same whatever the batch the trial samples: the axis is the data.
-    other = EvalSchedule.of(compose(tiny(tmp_path, *BY_DATA, "training.effective_batch_size=32")))
+    other = schedule_of(compose(tiny(tmp_path, *BY_DATA, "training.effective_batch_size=32")))
     assert other == data
 
 
@@ -195,7 +199,7 @@ class TrialReporter:
 @pytest.mark.slow
 def test_a_pruner_judges_trials_of_two_batch_sizes_at_equal_data(tmp_path):
     base = tiny(tmp_path, *BY_DATA)
-    schedule = EvalSchedule.of(compose(base))
+    schedule = schedule_of(compose(base))
     pruner = build_pruner("median", {"n_startup_trials": 1}, 1, schedule)
     study = optuna.create_study(pruner=pruner)
     good = study.ask()
@@ -350,7 +354,7 @@ def test_every_pruner_places_its_rungs_on_the_data_axis():
     from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import pruner_defaults
     from tests.test_sweeper import _rung_steps
 
-    axis = EvalSchedule(every=160, last=3840, unit="samples")
+    axis = ReportAxis(every=160, last=3840, unit="samples")
     # successive halving: the first mark at or past 3840 / 9, then 3 times further
     sh = build_pruner("successive_halving", {}, 1, axis)
     assert _rung_steps(sh, 3840) == [480, 1440]

@@ -15,8 +15,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import (
     PRUNERS,
-    EvalSchedule,
     PrunerKind,
+    ReportAxis,
     pruner_kind,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
@@ -40,7 +40,7 @@ class OddTrialsPruner(optuna.pruners.BasePruner):
         return trial.number % 2 == 1 and step is not None and step >= self.after
 
 
-def _odd(args: dict[str, object], schedule: EvalSchedule | None) -> OddTrialsPruner:
+def _odd(args: dict[str, object], schedule: ReportAxis | None) -> OddTrialsPruner:
     return OddTrialsPruner(**args)  # type: ignore[arg-type]
 
 

@@ -17,9 +17,10 @@ from app.hpo import TrialAttrs
 from hydra_plugins.hydratrain_optuna_sweeper import reporter
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import (
-    EvalSchedule,
+    ReportAxis,
     build_pruner,
     pruner_defaults,
+    schedule_of,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import UNCOUNTED
 from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import build_sampler
@@ -267,13 +268,13 @@ def _rung_steps(pruner: optuna.pruners.BasePruner, last_step: int) -> list[int]:
 
 
 def test_successive_halving_judges_at_a_ninth_and_a_third_of_the_run():
-    pruner = build_pruner("successive_halving", {}, 1, EvalSchedule(every=10, last=900))
+    pruner = build_pruner("successive_halving", {}, 1, ReportAxis(every=10, last=900))
     # reduction factor 3: rungs at 100 (900 / 9), 300 (900 / 3), then 900, the end
     assert _rung_steps(pruner, 900) == [100, 300, 900]
 
 
 def test_a_reduction_factor_in_pruner_args_places_the_first_rung_for_that_factor():
-    schedule = EvalSchedule(every=10, last=800)
+    schedule = ReportAxis(every=10, last=800)
     pruner = build_pruner("successive_halving", {"reduction_factor": 2}, 1, schedule)
     assert _rung_steps(pruner, 800) == [200, 400, 800]  # 800 / 2**2, 800 / 2
     pruner = build_pruner("successive_halving", {"reduction_factor": 2, "min_resource": 30}, 1)
@@ -282,14 +283,14 @@ def test_a_reduction_factor_in_pruner_args_places_the_first_rung_for_that_factor
 
 def test_hyperband_halves_by_three_too():
     # Brackets from 10 to 20 steps: one bracket, whose rungs are 3 times apart.
-    pruner = build_pruner("hyperband", {}, 1, EvalSchedule(every=10, last=20))
+    pruner = build_pruner("hyperband", {}, 1, ReportAxis(every=10, last=20))
     assert _rung_steps(pruner, 100) == [10, 30, 90]
 
 
 @pytest.mark.parametrize("factor", [1, 2.5, "3", True])
 def test_a_bad_reduction_factor_is_one_line(factor):
     with pytest.raises(SweepConfigError, match=r"hpo\.pruner_args\.reduction_factor=") as err:
-        build_pruner("successive_halving", {"reduction_factor": factor}, 1, EvalSchedule(10, 90))
+        build_pruner("successive_halving", {"reduction_factor": factor}, 1, ReportAxis(10, 90))
     assert "\n" not in str(err.value)
 
 
@@ -581,12 +582,12 @@ def test_conf_hpo_optuna_sets_no_setting_to_its_default():
 
 
 def test_pruner_defaults_follow_the_studys_evaluation_schedule():
-    every_10 = EvalSchedule(every=10, last=120)
+    every_10 = ReportAxis(every=10, last=120)
     # The first rung: the first evaluation at or after 120 / 3**2 steps.
     sh = {"reduction_factor": 3}
     assert pruner_defaults("successive_halving", every_10) == {**sh, "min_resource": 20}
-    assert pruner_defaults("successive_halving", EvalSchedule(50, 300))["min_resource"] == 50
-    assert pruner_defaults("successive_halving", EvalSchedule(25, 1000))["min_resource"] == 125
+    assert pruner_defaults("successive_halving", ReportAxis(50, 300))["min_resource"] == 50
+    assert pruner_defaults("successive_halving", ReportAxis(25, 1000))["min_resource"] == 125
     assert pruner_defaults("hyperband", every_10) == {
         "reduction_factor": 3,
         "min_resource": 10,
@@ -594,9 +595,9 @@ def test_pruner_defaults_follow_the_studys_evaluation_schedule():
     }
     # Step 0 (the untrained model, alike for every trial of a seed) is never judged.
     assert pruner_defaults("median", every_10)["n_warmup_steps"] == 1
-    assert EvalSchedule.of(
-        OmegaConf.create({"training": {"eval_every": 25, "max_steps": 150}})
-    ) == (EvalSchedule(25, 150))
+    assert schedule_of(OmegaConf.create({"training": {"eval_every": 25, "max_steps": 150}})) == (
+        ReportAxis(25, 150)
+    )
 
 
 def test_a_jobs_pruner_is_built_with_its_own_evaluation_schedule(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from hydra_plugins.hydratrain_optuna_sweeper import _private as private
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._asha import PAUSED, AshaPruner, Promoter
-from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import EvalSchedule, build_pruner
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import ReportAxis, build_pruner
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import PROMOTED_FROM, UNCOUNTED, root
 from hydra_plugins.hydratrain_optuna_sweeper._study._settings import Liveness
 from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
@@ -42,7 +42,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _asha(every: int = 10, last: int = 120, **args) -> AshaPruner:
-    pruner = build_pruner("asha", args, 1, EvalSchedule(every=every, last=last))
+    pruner = build_pruner("asha", args, 1, ReportAxis(every=every, last=last))
     assert isinstance(pruner, AshaPruner)
     return pruner
 

@@ -141,9 +141,9 @@ class ReportAxis:
     """Where a study's trials report: every `every` units up to `last` (the budget), in `unit`.
     The same for every trial of a study under a data budget; pruners place their rungs on it."""
 
-    unit: str
     every: int
     last: int
+    unit: str = "steps"
 
 
 def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> TrainBudget:

@@ -19,9 +19,9 @@ def study_pruner(
 ) -> BasePruner:
     """hpo.pruner=`name` with hpo.pruner_args=`args`, for trials that evaluate every
     `eval_every` optimizer steps up to `max_steps`: the defaults follow that schedule."""
-    from ._pruners._kind import EvalSchedule, build_pruner
+    from ._pruners._kind import ReportAxis, build_pruner
 
-    return build_pruner(name, args, 1, EvalSchedule(every=eval_every, last=max_steps))
+    return build_pruner(name, args, 1, ReportAxis(every=eval_every, last=max_steps))
 
 
 def study_pruner_arguments(
@@ -29,9 +29,9 @@ def study_pruner_arguments(
 ) -> dict[str, object]:
     """The arguments `study_pruner` passes to the pruner: hpo.pruner_args over the defaults
     that follow the schedule (for a peer built with Optuna's own class)."""
-    from ._pruners._kind import EvalSchedule, pruner_defaults
+    from ._pruners._kind import ReportAxis, pruner_defaults
 
-    return {**pruner_defaults(name, EvalSchedule(every=eval_every, last=max_steps), args), **args}
+    return {**pruner_defaults(name, ReportAxis(every=eval_every, last=max_steps), args), **args}
 
 
 def search_space(params: Mapping[str, str]) -> dict[str, BaseDistribution]:

@@ -39,7 +39,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .. import _private as private
-from ._kind import PRUNERS, EvalSchedule, PrunerKind, halving_defaults
+from ._kind import PRUNERS, PrunerKind, ReportAxis, halving_defaults
 from ._lineage import PROMOTED_FROM, ROOT, UNCOUNTED, heads, root
 
 log = logging.getLogger(__name__)
@@ -204,13 +204,13 @@ def promotion(t: FrozenTrial) -> FrozenTrial:
     )
 
 
-def _defaults(schedule: EvalSchedule | None, args: Mapping[str, object]) -> dict[str, object]:
+def _defaults(schedule: ReportAxis | None, args: Mapping[str, object]) -> dict[str, object]:
     """Successive halving's rungs, on the evaluation steps, up to the budget."""
     out = halving_defaults(schedule, args)
     return out if schedule is None else {**out, "max_resource": schedule.last}
 
 
-def _build(args: dict[str, object], schedule: EvalSchedule | None) -> AshaPruner:
+def _build(args: dict[str, object], schedule: ReportAxis | None) -> AshaPruner:
     placed = {} if schedule is None else {"every": schedule.every}  # rungs on evaluations
     return AshaPruner(**args, **placed)  # type: ignore[arg-type]
 

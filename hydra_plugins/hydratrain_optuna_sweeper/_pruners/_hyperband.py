@@ -6,10 +6,10 @@ from collections.abc import Mapping
 
 import optuna
 
-from ._kind import PRUNERS, EvalSchedule, PrunerKind, reduction_factor
+from ._kind import PRUNERS, PrunerKind, ReportAxis, reduction_factor
 
 
-def _defaults(schedule: EvalSchedule | None, args: Mapping[str, object]) -> dict[str, object]:
+def _defaults(schedule: ReportAxis | None, args: Mapping[str, object]) -> dict[str, object]:
     out: dict[str, object] = {"reduction_factor": reduction_factor(args)}
     if schedule is None:
         return out

@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial
 
 from app.core.errors import ConfigError
 from app.core.registry import Registry
-from app.hpo import report_axis_of
+from app.hpo import ReportAxis, report_axis_of
 
 from .._errors import SweepConfigError
 
@@ -28,37 +28,26 @@ from .._errors import SweepConfigError
 REDUCTION_FACTOR = 3
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalSchedule:
-    """When a trial reports: at 0 (the untrained model), every `every` units of its report
-    axis, and at `last` (its budget). The axis is optimizer steps, or under a data budget
-    (training.max_samples, max_tokens) the data seen, so that trials of every batch size are
-    judged at equal data. The pruners' defaults are set from it."""
-
-    every: int
-    last: int
-    unit: str = "steps"
-
-    @classmethod
-    def of(cls, cfg: object) -> EvalSchedule | None:
-        """From a trial's config (composed, or typed by the app); None where it has no
-        training node."""
-        if cfg is None:
-            return None
-        axis = report_axis_of(cfg)
-        if axis is not None:
-            return cls(axis.every, axis.last, axis.unit)
-        t = getattr(cfg, "training", None)  # another app's: steps
-        every, last = getattr(t, "eval_every", None), getattr(t, "max_steps", None)
-        if every is None or last is None:
-            return None
-        return cls(int(every), int(last))
+def schedule_of(cfg: object) -> ReportAxis | None:
+    """When a trial reports (the pruners' defaults are set from it): its report axis, the same
+    for every trial of a study under a data budget; another app's `training.eval_every` up to
+    `training.max_steps`, in steps; None where the config has neither."""
+    if cfg is None:
+        return None
+    axis = report_axis_of(cfg)
+    if axis is not None:
+        return axis
+    t = getattr(cfg, "training", None)
+    every, last = getattr(t, "eval_every", None), getattr(t, "max_steps", None)
+    if every is None or last is None:
+        return None
+    return ReportAxis(int(every), int(last))
 
 
-Defaults = Callable[[EvalSchedule | None, Mapping[str, object]], dict[str, object]]
+Defaults = Callable[[ReportAxis | None, Mapping[str, object]], dict[str, object]]
 
 
-def no_defaults(schedule: EvalSchedule | None, args: Mapping[str, object]) -> dict[str, object]:
+def no_defaults(schedule: ReportAxis | None, args: Mapping[str, object]) -> dict[str, object]:
     return {}
 
 
@@ -83,7 +72,7 @@ class PrunerKind:
     `promoter` (study, the study that holds the reports) queues paused trials that qualify."""
 
     name: str
-    build: Callable[[dict[str, object], EvalSchedule | None], optuna.pruners.BasePruner]
+    build: Callable[[dict[str, object], ReportAxis | None], optuna.pruners.BasePruner]
     defaults: Defaults = no_defaults
     judges: bool = True
     pauses: bool = False
@@ -102,14 +91,14 @@ def pruner_kind(name: str) -> PrunerKind:
 
 
 def pruner_defaults(
-    name: str, schedule: EvalSchedule | None, args: Mapping[str, object] | None = None
+    name: str, schedule: ReportAxis | None, args: Mapping[str, object] | None = None
 ) -> dict[str, object]:
     """The arguments of pruner `name` that hpo.pruner_args (`args`) does not set."""
     return pruner_kind(name).defaults(schedule, args or {})
 
 
 def build_pruner(
-    name: str, args: Mapping[str, object], n_objectives: int, schedule: EvalSchedule | None = None
+    name: str, args: Mapping[str, object], n_objectives: int, schedule: ReportAxis | None = None
 ) -> optuna.pruners.BasePruner:
     """The study's pruner. Several objectives: none here (Optuna cannot prune them); the
     pruning companion (`_companion.py`) gets this pruner built for one."""
@@ -124,7 +113,7 @@ def build_pruner(
         ) from None
 
 
-def first_rung(schedule: EvalSchedule, fraction_of: int) -> int:
+def first_rung(schedule: ReportAxis, fraction_of: int) -> int:
     """The first evaluation step at or after max_steps / fraction_of."""
     wanted = math.ceil(schedule.last / fraction_of)
     return max(schedule.every, math.ceil(wanted / schedule.every) * schedule.every)
@@ -140,9 +129,7 @@ def reduction_factor(args: Mapping[str, object]) -> int:
     return factor
 
 
-def halving_defaults(
-    schedule: EvalSchedule | None, args: Mapping[str, object]
-) -> dict[str, object]:
+def halving_defaults(schedule: ReportAxis | None, args: Mapping[str, object]) -> dict[str, object]:
     """Successive halving's (reduction factor r, 3 unless hpo.pruner_args sets it): the first
     rung at the first evaluation at or after max_steps / r**2, so a trial is judged twice before
     its end (at ~1/9 and ~1/3 of the run with r = 3). Step 0 is the untrained model, the same

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 
 import optuna
 
-from ._kind import PRUNERS, EvalSchedule, PrunerKind
+from ._kind import PRUNERS, PrunerKind, ReportAxis
 
 
-def _defaults(schedule: EvalSchedule | None, args: Mapping[str, object]) -> dict[str, object]:
+def _defaults(schedule: ReportAxis | None, args: Mapping[str, object]) -> dict[str, object]:
     return {"n_startup_trials": 3, "n_warmup_steps": 1}
 
 

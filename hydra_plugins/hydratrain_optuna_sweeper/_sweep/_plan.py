@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from .._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
 from .._fleet._jobs import FleetJob, worker_config
 from .._pruners._companion import Judge, open_companion
-from .._pruners._kind import EvalSchedule, build_pruner, pruner_kind
+from .._pruners._kind import ReportAxis, build_pruner, pruner_kind, schedule_of
 from .._pruners._line_sampler import LineSampler, unwrapped
 from .._report._records import describe, write_sweep_report
 from .._report._results import check_completed
@@ -144,7 +144,7 @@ class OptunaSweeperImpl(Sweeper):
         job_cfg = check_space(self._compose, space, str(self.config.hydra.job.config_name))
         check_objectives(job_cfg, s)
         sampler = _sampler(s, space)
-        schedule = EvalSchedule.of(job_cfg)
+        schedule = schedule_of(job_cfg)
         _check_batch_study(s, schedule)
         pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions), schedule)
         judged_by = build_pruner(s.pruner, s.pruner_args, 1, schedule)  # the report metric's
@@ -278,7 +278,7 @@ def _budget(
     study: optuna.Study,
     s: SweepSettings,
     judge: Judge,
-    schedule: EvalSchedule | None,
+    schedule: ReportAxis | None,
     space: SearchSpace,
 ) -> RunTrialBudget | StudyTrialBudget:
     promotes = pruner_kind(s.pruner).promoter
@@ -328,7 +328,7 @@ def _cap_to_grid(s: SweepSettings, size: int) -> None:
         s.budget = dataclasses.replace(s.budget, n_trials=size)
 
 
-def _budget_text(s: SweepSettings, schedule: EvalSchedule | None) -> str:
+def _budget_text(s: SweepSettings, schedule: ReportAxis | None) -> str:
     b = s.budget
     cap = f", at most {s.budget_s:g} device-seconds (hpo.budget_s)" if s.budget_s else ""
     if b.per_run:
@@ -355,7 +355,7 @@ def _signal_name(status: int) -> str:
 BATCH_KEY = "training.effective_batch_size"
 
 
-def _axis_text(schedule: EvalSchedule | None, space: SearchSpace) -> str:
+def _axis_text(schedule: ReportAxis | None, space: SearchSpace) -> str:
     """Where trials report, so a user knows which unit the pruner's rungs are in, and on which
     axis trials of a searched batch size are compared: equal data, or (a budget in steps)
     equal steps, where a larger batch has seen more data."""
@@ -372,7 +372,7 @@ def _axis_text(schedule: EvalSchedule | None, space: SearchSpace) -> str:
     )
 
 
-def _check_batch_study(s: SweepSettings, schedule: EvalSchedule | None) -> None:
+def _check_batch_study(s: SweepSettings, schedule: ReportAxis | None) -> None:
     """The batch-size study reads its trials' curves as samples seen."""
     if s.batch_size_study is None or (schedule is not None and schedule.unit == "samples"):
         return
