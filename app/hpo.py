@@ -1,4 +1,5 @@
-"""The one seam between a run and whatever optimizes it; the sweeper imports this module alone.
+"""The seam between a run and whatever optimizes it: the sweeper imports this module, and
+app.core (errors, how a run ended, signals, masking) where that is what it uses.
 
 - the `hpo` settings (`HpoConfig`) and the check a sweep runs on every job config it composes
   (`check_job_config`, the app's own validation, reduced to one line);
@@ -6,8 +7,6 @@
   sweep the reporter does nothing), and the facts a run attaches to its trial (`TrialAttrs`);
 - what a run can be scored on (`objectives`: the summary.json keys and the metrics reported at
   evaluations, each with the direction that is better);
-- how a run ended (`status_of`: a typed `Status`, never a class name), and the signal handling
-  and password masking both sides share;
 - the GPUs a fleet of workers can be pinned to (`visible_gpus`, without starting CUDA), and the
   memory of one its trials share (`shared_gpu`, hpo.trials_per_gpu=auto).
 
@@ -28,10 +27,6 @@ from app.config.budget import ReportAxis
 from app.config.compose import one_line
 from app.config.hpo import BatchSizeStudyConfig, HpoConfig
 from app.config.jobs import check_job_config, report_axis_of, task_of
-from app.core.errors import ConfigError, first_line
-from app.core.outcomes import Paused, Status, status_of
-from app.core.preemption import StopRequest, stop_on_signals, stop_requested
-from app.core.redact import MASK, URL_PASSWORD, mask_url_passwords
 from app.studies.batch_size import IMAGE as BATCH_STUDY_IMAGE
 from app.studies.batch_size import BatchTrial
 from app.studies.batch_size import analyse as analyse_batch_study
@@ -42,23 +37,17 @@ from app.studies.report import preload as preload_report
 
 __all__ = [
     "BATCH_STUDY_IMAGE",
-    "MASK",
     "REPORT",
     "RUN_METRICS",
-    "URL_PASSWORD",
     "BatchSizeStudyConfig",
     "BatchTrial",
-    "ConfigError",
     "Ending",
     "HpoConfig",
     "NullReporter",
     "Objectives",
-    "Paused",
     "ReportAxis",
     "Reporter",
     "SharedGpu",
-    "Status",
-    "StopRequest",
     "StudyRecord",
     "TrialAttrs",
     "TrialRecord",
@@ -66,17 +55,12 @@ __all__ = [
     "batch_study_table",
     "build_reporter",
     "check_job_config",
-    "first_line",
-    "mask_url_passwords",
     "objectives",
     "one_line",
     "plot_batch_study",
     "preload_report",
     "report_axis_of",
     "shared_gpu",
-    "status_of",
-    "stop_on_signals",
-    "stop_requested",
     "task_of",
     "visible_gpus",
     "write_report",

@@ -8,8 +8,15 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
-from app.core.outcomes import Diverged, Preempted, Pruned, TrainingOOM, WriteFailed
-from app.hpo import Status, status_of
+from app.core.outcomes import (
+    Diverged,
+    Preempted,
+    Pruned,
+    Status,
+    TrainingOOM,
+    WriteFailed,
+    status_of,
+)
 from hydra_plugins.hydratrain_optuna_sweeper._sweep._outcomes import from_exception
 
 pytestmark = pytest.mark.unit

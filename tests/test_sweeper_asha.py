@@ -104,7 +104,8 @@ def test_the_first_trials_are_paused_not_judged_against_fewer_than_eta(tmp_path)
 def test_a_job_in_another_process_pauses_at_a_rung(tmp_path):
     """The reporter a job rebuilds from the storage (another process: a launcher's, a fleet's
     torchrun) places the rungs on the job's own schedule and raises Paused there."""
-    from app.hpo import Paused, build_reporter
+    from app.core.outcomes import Paused
+    from app.hpo import build_reporter
 
     study = _study(tmp_path)
     trial = study.ask()

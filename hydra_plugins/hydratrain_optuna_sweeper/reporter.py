@@ -18,7 +18,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
-from app.hpo import HpoConfig, NullReporter, Paused, Reporter, TrialAttrs
+from app.core.outcomes import Paused
+from app.hpo import HpoConfig, NullReporter, Reporter, TrialAttrs
 
 if TYPE_CHECKING:
     from optuna.trial import Trial

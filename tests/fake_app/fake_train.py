@@ -22,7 +22,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from app.core.outcomes import Diverged, Paused, Preempted, Pruned, TrainingOOM
-from app.hpo import HpoConfig, StopRequest, TrialAttrs, build_reporter, stop_on_signals
+from app.core.preemption import StopRequest, stop_on_signals
+from app.hpo import HpoConfig, TrialAttrs, build_reporter
 
 _KEEP: list[bytearray] = []
 

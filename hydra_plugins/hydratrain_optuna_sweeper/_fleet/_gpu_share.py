@@ -37,7 +37,8 @@ from typing import Protocol
 import optuna
 from omegaconf import OmegaConf
 
-from app.hpo import ConfigError, SharedGpu, shared_gpu
+from app.core.errors import ConfigError
+from app.hpo import SharedGpu, shared_gpu
 
 from .._errors import SweepConfigError
 from .._study._fleet_plan import DEVICES_ENV, FleetAsk, FleetPlan, fleet_worker

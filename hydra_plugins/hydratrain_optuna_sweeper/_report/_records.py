@@ -17,16 +17,9 @@ import optuna
 from omegaconf import OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
-from app.hpo import (
-    BATCH_STUDY_IMAGE,
-    Ending,
-    Status,
-    StudyRecord,
-    TrialAttrs,
-    TrialRecord,
-    mask_url_passwords,
-    write_report,
-)
+from app.core.outcomes import Status
+from app.core.redact import mask_url_passwords
+from app.hpo import BATCH_STUDY_IMAGE, Ending, StudyRecord, TrialAttrs, TrialRecord, write_report
 
 from .. import _private as private
 from .._pruners._asha import PAUSED

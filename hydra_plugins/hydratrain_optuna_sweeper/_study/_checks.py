@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from app.hpo import ConfigError, check_job_config, objectives, one_line, task_of
+from app.core.errors import ConfigError
+from app.hpo import check_job_config, objectives, one_line, task_of
 
 from .._errors import SweepConfigError
 from .._pruners._kind import pruner_kind

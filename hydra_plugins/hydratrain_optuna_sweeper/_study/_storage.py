@@ -23,7 +23,7 @@ from urllib.parse import unquote
 
 from omegaconf import DictConfig, OmegaConf
 
-from app.hpo import MASK, URL_PASSWORD, mask_url_passwords
+from app.core.redact import MASK, URL_PASSWORD, mask_url_passwords
 
 from .._errors import StorageUnreachable, SweepConfigError, first_line
 

@@ -31,7 +31,8 @@ from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 from optuna.trial import TrialState
 
-from app.hpo import Status, status_of, stop_requested
+from app.core.outcomes import Status, status_of
+from app.core.preemption import stop_requested
 
 from .. import _private as private
 

@@ -23,7 +23,7 @@ from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig
 from optuna.trial import Trial, TrialState
 
-from app.hpo import StopRequest, stop_on_signals
+from app.core.preemption import StopRequest, stop_on_signals
 
 from .. import _private as private
 from .. import reporter
