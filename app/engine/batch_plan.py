@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TypedDict
 
 from app.components.data.loader import rank_share
 from app.config.training import EvalMicroBatch
@@ -54,6 +54,50 @@ def eval_micro_size(setting: EvalMicroBatch, micro: int) -> int | None:
     return EVAL_FACTOR * micro if setting.scaled else setting.size
 
 
+class Candidate(TypedDict):
+    """One row of the probe's table (summary.json's batch_details.candidates, the report)."""
+
+    micro: int
+    fits: bool
+    oom: bool
+    peak_fraction: float | None
+    samples_per_sec: float | None
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """How training.micro_batch_size=auto chose: what probing cost (0 from the cache), the
+    sizes tried, the memory limit they were held to, the rule that chose, the cache file."""
+
+    probe_seconds: float
+    probe_steps: int
+    chosen_by: str
+    memory_limit_fraction: float
+    candidates: list[Candidate]
+    cache: str | None
+
+
+@dataclass(frozen=True)
+class OomRecord:
+    """The run's out-of-memory errors: how many, the allocator's retries before them (CUDA
+    only), the step the last one struck at and the micro-batch it struck."""
+
+    count: int = 0
+    alloc_retries: int | None = None
+    at_step: int | None = None
+    reduced_from: int | None = None
+
+    def as_details(self) -> dict[str, int]:
+        """summary.json's keys for them; none before the first OOM."""
+        out = {"oom_count": self.count} if self.count else {}
+        named = {
+            "alloc_retries": self.alloc_retries,
+            "oom_at_step": self.at_step,
+            "reduced_from": self.reduced_from,
+        }
+        return {**out, **{k: v for k, v in named.items() if v is not None}}
+
+
 @dataclass
 class BatchPlan:
     effective_batch_size: int
@@ -61,8 +105,15 @@ class BatchPlan:
     world_size: int = 1
     rank: int = 0
     source: str = "fixed"  # fixed | probed | cached | reduced_after_oom
-    details: dict[str, Any] = field(default_factory=dict)
+    probe: ProbeReport | None = None  # training.micro_batch_size=auto
+    ooms: OomRecord = field(default_factory=OomRecord)
     eval_micro_batch_size: int | None = None  # None: the training micro-batch
+
+    @property
+    def details(self) -> dict[str, object]:
+        """The probe's report and the OOMs as summary.json records them (batch_details)."""
+        probe = asdict(self.probe) if self.probe is not None else {}
+        return {**probe, **self.ooms.as_details()}
 
     @property
     def eval_micro(self) -> int:
@@ -93,20 +144,18 @@ class BatchPlan:
     def grad_accum_steps(self) -> int:
         return self.micro_count
 
-    def with_micro_batch(self, micro: int, source: str, **details: Any) -> BatchPlan:
+    def with_micro_batch(self, micro: int, source: str, ooms: OomRecord | None = None) -> BatchPlan:
         """The plan with another training micro-batch; a larger evaluation micro-batch shrinks
         in proportion (what did not fit in training will not fit in evaluation either)."""
         evaluation = self.eval_micro_batch_size
         if evaluation is not None:
             evaluation = max(micro, evaluation * micro // self.micro_batch_size)
-        return BatchPlan(
-            self.effective_batch_size,
-            micro,
-            self.world_size,
-            self.rank,
-            source,
-            {**self.details, **details},
-            evaluation,
+        return replace(
+            self,
+            micro_batch_size=micro,
+            source=source,
+            ooms=self.ooms if ooms is None else ooms,
+            eval_micro_batch_size=evaluation,
         )
 
     def with_eval_micro_batch(self, micro: int | None) -> BatchPlan:
@@ -130,6 +179,8 @@ class BatchPlan:
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = asdict(self)
+        del out["probe"], out["ooms"]
+        out["details"] = self.details
         out["grad_accum_steps"] = self.grad_accum_steps
         out["micro_batch_sizes"] = self.micro_sizes
         return out

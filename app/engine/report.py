@@ -161,7 +161,7 @@ def summarize_run(run: Run, summary: Summary) -> None:
     summary.peak_memory_bytes = peak_memory_bytes(run.device)
     if run.device.type == "cuda" and summary.device_memory_bytes:
         summary.peak_memory_fraction = summary.peak_memory_bytes / summary.device_memory_bytes
-    summary.oom_count = int(run.plan.details.get("oom_count", 0))
+    summary.oom_count = run.plan.ooms.count
     summary.probe_samples_per_sec = probed_samples_per_sec(summary)
     busy = summary.train_time_s + (summary.eval_time_s or 0.0)
     summary.device_seconds = busy * run.dist.world_size

@@ -64,7 +64,7 @@ class Candidate:
 
 
 def candidates(s: Summary) -> list[Candidate]:
-    # BatchPlan.details is the probe's free-form record; these three keys are what it promises.
+    # summary.json's batch_details: the probe's report (ProbeReport), its rows typed as Candidate.
     rows = s.batch_details.get("candidates") or []
     return [Candidate(int(r["micro"]), bool(r.get("fits")), r.get("peak_fraction")) for r in rows]
 

@@ -9,7 +9,6 @@ split (32 samples at most 12 per micro-batch run as 11+11+10, so the plan says 1
 from __future__ import annotations
 
 import math
-from typing import TypedDict
 
 import torch
 
@@ -18,6 +17,7 @@ from app.components.hardware.devices import DeviceInfo
 from app.config.training import AutoBatchConfig
 from app.core.outcomes import TrainingOOM
 from app.engine.batch.cache import Trials, fits_below_failure
+from app.engine.batch_plan import Candidate
 from app.engine.comms.distributed import DistInfo
 
 TIE = 0.03  # samples/s within 3% count as a tie (timing noise): the larger micro-batch wins
@@ -69,16 +69,6 @@ def choose(
     best = max(timed.values())
     pick = max(m for m, sps in timed.items() if sps >= best * (1 - TIE))
     return fit_split(per_rank, pick), "throughput"
-
-
-class Candidate(TypedDict):
-    """One row of the probe's table (the plan's details, summary.json, the report)."""
-
-    micro: int
-    fits: bool
-    oom: bool
-    peak_fraction: float | None
-    samples_per_sec: float | None
 
 
 def candidate_rows(trials: Trials, limit: float) -> list[Candidate]:

@@ -49,7 +49,7 @@ from app.engine.batch.cache import (
 )
 from app.engine.batch.choice import agree_across_ranks, candidate_rows, choose, memory_limit
 from app.engine.batch.search import MemoryMeter, Probe
-from app.engine.batch_plan import BatchPlan, fixed_plan
+from app.engine.batch_plan import BatchPlan, ProbeReport, fixed_plan
 from app.engine.comms.distributed import agree_all
 
 log = logging.getLogger(__name__)
@@ -77,23 +77,24 @@ def auto_plan(
     hit = entry is not None and covers(entry, upper, limit)
     hit = agree_all(hit, dist)  # the ranks probe together: all use the cache, or none
     if hit and entry is not None:
-        trials, source, stats = entry["trials"], "cached", {"probe_seconds": 0.0, "probe_steps": 0}
+        trials, source, (seconds, steps) = entry["trials"], "cached", (0.0, 0)
     else:
         probe = Probe(setup, model, data, limit, meter)
         trials = probe.run(upper, per_rank, throughput_aware=ab.throughput_aware)
-        source, stats = "probed", probe.stats()
+        source, (seconds, steps) = "probed", probe.cost()
         if path is not None and dist.is_main:
             merge_entry(path, key, trials, upper)
     micro, chosen_by = choose(trials, limit, pick, per_rank, ab.throughput_aware)
     micro = agree_across_ranks(micro, dist, device.torch_device)
-    details = {
-        **stats,
-        "chosen_by": chosen_by,
-        "memory_limit_fraction": limit,
-        "candidates": candidate_rows(trials, limit),
-        "cache": str(path) if path else None,
-    }
-    plan = BatchPlan(t.effective_batch_size, micro, dist.world_size, dist.rank, source, details)
+    report = ProbeReport(
+        probe_seconds=seconds,
+        probe_steps=steps,
+        chosen_by=chosen_by,
+        memory_limit_fraction=limit,
+        candidates=candidate_rows(trials, limit),
+        cache=str(path) if path else None,
+    )
+    plan = BatchPlan(t.effective_batch_size, micro, dist.world_size, dist.rank, source, report)
     log.info("auto micro-batch: %s", plan.describe())
     return plan
 
@@ -106,45 +107,44 @@ def oom_listener(setup: ProbeSetup, model: torch.nn.Module) -> Callable[[BatchPl
     path = cache_path(setup.cache_dir, key)
 
     def learn(plan: BatchPlan) -> None:
-        failed = plan.details.get("reduced_from")
+        failed = plan.ooms.reduced_from
         if failed is not None:
-            record_oom(path, key, int(failed))
+            record_oom(path, key, failed)
 
     return learn
 
 
 def describe(plan: BatchPlan) -> str | None:
     """One banner line: how the micro-batch was chosen, with the figures."""
-    d = plan.details
-    if "candidates" not in d:
+    d = plan.probe
+    if d is None:
         return None
-    rows = d["candidates"]
+    rows = d.candidates
     fits = ",".join(str(r["micro"]) for r in rows if r["fits"])
     fails = ",".join(str(r["micro"]) for r in rows if not r["fits"])
     speed = " ".join(
         f"{r['micro']}:{r['samples_per_sec']:.0f}" for r in rows if r.get("samples_per_sec")
     )
-    peaks = [r["peak_fraction"] for r in rows if r["fits"] and r.get("peak_fraction") is not None]
+    peaks = [p for r in rows if r["fits"] and (p := r["peak_fraction"]) is not None]
     peak = f"{max(peaks):.2f}" if peaks else "?"
     return (
-        f"{plan.source} in {d['probe_seconds']:.1f}s / {d['probe_steps']} steps; "
+        f"{plan.source} in {d.probe_seconds:.1f}s / {d.probe_steps} steps; "
         f"fit [{fits}] failed [{fails}]; samples/s {speed or '-'}; peak memory {peak} "
-        f"(limit {d['memory_limit_fraction']:.2f}); chosen by {d['chosen_by']}"
+        f"(limit {d.memory_limit_fraction:.2f}); chosen by {d.chosen_by}"
     )
 
 
 def plan_scalars(plan: BatchPlan) -> dict[str, float]:
     """TensorBoard figures of the batch plan (the text goes to run/plan)."""
-    d = plan.details
+    d = plan.probe
     out = {
         "batch/micro_batch_size": float(plan.micro_batch_size),
         "batch/grad_accum_steps": float(plan.grad_accum_steps),
         "batch/probed": float(plan.source == "probed"),
         "batch/cached": float(plan.source == "cached"),
     }
-    for name in ("probe_seconds", "probe_steps"):
-        if name in d:
-            out[f"batch/{name}"] = float(d[name])
-    if "candidates" in d:
-        out["batch/candidates"] = float(len(d["candidates"]))
+    if d is not None:
+        out["batch/probe_seconds"] = d.probe_seconds
+        out["batch/probe_steps"] = float(d.probe_steps)
+        out["batch/candidates"] = float(len(d.candidates))
     return out

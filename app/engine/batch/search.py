@@ -89,8 +89,9 @@ class Probe:
         self.last: tuple[int, float] | None = None  # (micro, seconds) of the last candidate
         self.meter = MemoryMeter(setup.machine.device) if meter is None else meter
 
-    def stats(self) -> dict[str, float]:
-        return {"probe_seconds": self.budget.elapsed, "probe_steps": self.budget.steps}
+    def cost(self) -> tuple[float, int]:
+        """What probing took: seconds and steps."""
+        return self.budget.elapsed, self.budget.steps
 
     def run(self, upper: int, per_rank: int, throughput_aware: bool) -> Trials:
         with preserved(self.model, self.device.torch_device):

@@ -9,10 +9,12 @@ from __future__ import annotations
 import gc
 import logging
 from collections import defaultdict
+from dataclasses import replace
 
 import torch
 
 from app.core.outcomes import TrainingOOM
+from app.engine.batch_plan import OomRecord
 from app.engine.comms.agreement import AgreedOOM
 from app.engine.comms.distributed import no_sync
 from app.engine.run import Run, Samples
@@ -75,27 +77,28 @@ def discard_fsdp_attempt(run: Run, batch: Samples | None) -> None:
     run.optimizer.zero_grad(set_to_none=True)
 
 
-def count_oom(run: Run, step: int) -> dict[str, int]:
-    """One more OOM in the plan's details (summary.json reports them even when the run ends
-    here) and in the logs; returns the counts."""
-    counts = {"oom_count": run.plan.details.get("oom_count", 0) + 1, **_alloc_retries(run)}
-    run.plan.details.update(counts)
+def count_oom(run: Run, step: int) -> OomRecord:
+    """One more OOM in the plan's record (summary.json reports them even when the run ends
+    here) and in the logs; returns the record."""
+    ooms = replace(run.plan.ooms, count=run.plan.ooms.count + 1, alloc_retries=_alloc_retries(run))
+    run.plan.ooms = ooms
     if run.observers.logger is not None:
-        run.observers.logger.log(step, {f"train/{k}": float(v) for k, v in counts.items()})
-    return counts
+        counts = {"oom_count": ooms.count, "alloc_retries": ooms.alloc_retries}
+        figures = {f"train/{k}": float(v) for k, v in counts.items() if v is not None}
+        run.observers.logger.log(step, figures)
+    return ooms
 
 
 def shrink_micro_batch(run: Run, step: int, error: str | None) -> None:
     """Halve the micro-batch; the accumulation follows from the plan, so the effective batch
     stays exact. Raises TrainingOOM when micro-batch 1 ran out (or recovery is off)."""
     current = run.plan.micro_batch_size
-    counts = count_oom(run, step)
+    ooms = count_oom(run, step)
     if current <= 1 or not run.cfg.auto_batch.oom_recovery:
         raise TrainingOOM(f"out of memory at micro-batch {current} (step {step}): {error}")
     smaller = max(1, current // 2)
-    run.plan = run.plan.with_micro_batch(
-        smaller, "reduced_after_oom", oom_at_step=step, reduced_from=current, **counts
-    )
+    struck = replace(ooms, at_step=step, reduced_from=current)
+    run.plan = run.plan.with_micro_batch(smaller, "reduced_after_oom", struck)
     log.warning(
         "OOM at step %d with micro-batch %d: retrying the step with %d (%s)",
         step,
@@ -129,8 +132,8 @@ def shrink_eval_micro_batch(run: Run, step: int) -> None:
     run.plan = run.plan.with_eval_micro_batch(smaller)
 
 
-def _alloc_retries(run: Run) -> dict[str, int]:
+def _alloc_retries(run: Run) -> int | None:
     # cudaMalloc retries after freeing cached blocks: the allocator's warning sign before an OOM.
     if run.device.type != "cuda":
-        return {}
-    return {"alloc_retries": int(torch.cuda.memory_stats(run.device).get("num_alloc_retries", 0))}
+        return None
+    return int(torch.cuda.memory_stats(run.device).get("num_alloc_retries", 0))
