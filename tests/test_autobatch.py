@@ -40,7 +40,7 @@ def parts(cfg, task=None):
     device = detect_device(cfg.gpu)
     preset = effective_preset(cfg.gpu, device)
     machine = Machine(device, preset, resolve_precision(cfg.precision.name, device, preset))
-    setup = probe_setup(cfg, machine, task or build_task(cfg.task))
+    setup = probe_setup(cfg, machine, task or build_task(cfg.task), cfg.budget())
     data = setup.task.load_data(cfg.data)
     torch.manual_seed(cfg.training.seed)
     model = setup.task.build_model(cfg.model, data)

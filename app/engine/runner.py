@@ -23,6 +23,7 @@ from app.components.schedule import build_scheduler
 from app.components.tasks import build_task
 from app.components.tasks.base import Task, TaskData
 from app.components.tracking.sinks import build_sinks
+from app.config.budget import TrainBudget
 from app.config.schema import TrainConfig
 from app.core import run_dir_guard
 from app.core.errors import ConfigError, first_line
@@ -199,9 +200,9 @@ def build_run(
     whole = task.build_model(config.model, data)
     facts = model_facts(config, machine, task, whole)  # of the whole model (MFU), unsharded
     model = place(whole, config, machine)
-    setup = probe_setup(config, machine, task)
-    plan = choose_plan(setup, model, data)
     budget = config.budget()
+    setup = probe_setup(config, machine, task, budget)
+    plan = choose_plan(setup, model, data)
     at_batch = dataclasses.replace(config.training, lr=budget.lr)  # lr_scaling applied
     optimizer = OPTIMIZERS.get(config.training.optimizer).create(model, at_batch)
     start_step = int(state.step) if state is not None else 0
@@ -288,7 +289,9 @@ def model_facts(
     )
 
 
-def probe_setup(config: TrainConfig, machine: Machine, task: Task) -> ProbeSetup:
+def probe_setup(
+    config: TrainConfig, machine: Machine, task: Task, budget: TrainBudget
+) -> ProbeSetup:
     ab = config.training.auto_batch
     folder = Path(ab.cache_dir) if ab.cache_dir else Path(config.data.cache_dir) / "autobatch"
     return ProbeSetup(
@@ -298,6 +301,7 @@ def probe_setup(config: TrainConfig, machine: Machine, task: Task) -> ProbeSetup
         machine=machine,
         task=task,
         seq_len=task.sequence_length(config.data),
+        budget=budget,  # the run's, computed once
         cache_dir=folder if ab.cache else None,
     )
 

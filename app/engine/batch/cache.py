@@ -29,6 +29,7 @@ from app.components.models.config import ModelConfig
 from app.components.models.shape import compiles
 from app.components.optim import OPTIMIZERS
 from app.components.tasks.base import Task
+from app.config.budget import TrainBudget
 from app.config.training import FaultsConfig, TrainingConfig
 from app.core.atomic import atomic_write_text
 from app.engine.run import Machine
@@ -87,6 +88,7 @@ class ProbeSetup:
     machine: Machine
     task: Task
     seq_len: int  # the task's sequence length for this data
+    budget: TrainBudget  # the run's: the probe's runs follow its LR schedule
     cache_dir: Path | None  # where the cache lives; None: no cache
 
 

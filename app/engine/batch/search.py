@@ -34,7 +34,6 @@ from app.components.models.shape import compiles, maybe_compile
 from app.components.optim import OPTIMIZERS
 from app.components.schedule import build_scheduler
 from app.components.tasks.base import TaskData, move
-from app.config.budget import budget_of
 from app.engine.batch.cache import ProbeSetup, Trial, Trials, failed, fits_below_failure
 from app.engine.batch.choice import split_candidates
 from app.engine.batch_plan import EVAL_FACTOR, BatchPlan
@@ -118,7 +117,6 @@ class Probe:
         s, tdev, precision = self.setup, self.device.torch_device, self.setup.machine.precision
         optimizer = OPTIMIZERS.get(s.training.optimizer).create(self.model, s.training)
         dist = s.machine.dist
-        budget = budget_of(s.training, s.seq_len if s.task.packed else None)
         return Run(
             # FSDP: the sharded model, its blocks compiled already; DDP: the model on its own.
             model=self.model
@@ -126,7 +124,7 @@ class Probe:
             else maybe_compile(self.model, s.model, s.machine.preset),
             raw_model=self.model,
             optimizer=optimizer,
-            scheduler=build_scheduler(optimizer, budget),
+            scheduler=build_scheduler(optimizer, s.budget),
             plan=BatchPlan(1, 1),
             precision=precision,
             device=tdev,
@@ -135,7 +133,7 @@ class Probe:
             val_blocks=self.data.val[:1],
             run_dir=Path("."),
             task=s.task,
-            budget=budget,
+            budget=s.budget,
             scaler=torch.amp.GradScaler(tdev.type) if precision.use_grad_scaler else None,
             faults=FaultInjector(s.faults, dist.rank),
             dist=dist if dist.sharded else DistInfo(),
