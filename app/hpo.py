@@ -25,7 +25,7 @@ from app.components.hardware.sharing import SharedGpu, shared_gpu
 from app.components.hardware.visible import visible_gpus
 from app.config.budget import ReportAxis
 from app.config.compose import one_line
-from app.config.hpo import BatchSizeStudyConfig, HpoConfig
+from app.config.hpo import BatchSizeStudyConfig, HpoConfig, WarmStartConfig
 from app.config.jobs import check_job_config, report_axis_of, task_of
 from app.studies.batch_size import IMAGE as BATCH_STUDY_IMAGE
 from app.studies.batch_size import BatchTrial
@@ -51,6 +51,7 @@ __all__ = [
     "StudyRecord",
     "TrialAttrs",
     "TrialRecord",
+    "WarmStartConfig",
     "analyse_batch_study",
     "batch_study_table",
     "build_reporter",

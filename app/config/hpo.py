@@ -23,6 +23,23 @@ class BatchSizeStudyConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """hpo.warm_start: start the study from earlier ones (docs/hpo.md, "Warm start").
+
+    `studies`: each a mapping {storage: a path or URL, study_name: NAME}, or {sweep_dir: DIR}
+    (a sweep's directory: its optimization_results.yaml names the study, its study.journal
+    holds it). `take`: enqueue (their best `top_k` configurations run first, mapped into this
+    space) or observe (their finished trials shown to the sampler, not run, not counted toward
+    the budget); `rungs`: observed trials bring their reports, for the pruner to compare at
+    equal data (only for the same task and data)."""
+
+    studies: list[Any] = field(default_factory=list)  # empty: a cold start
+    take: str = "enqueue"
+    top_k: int = 5
+    rungs: bool = False
+
+
+@dataclass
 class HpoConfig:
     """A field that takes a value or a list (direction, metric), a number or a word (workers,
     trials_per_gpu), or a mapping the command line may extend is left untyped: OmegaConf 2.3
@@ -64,6 +81,7 @@ class HpoConfig:
     wait_for_running: bool = True  # at the end, wait for other workers' trials
     poll_interval: float = 2.0
     enqueue: list[Any] = field(default_factory=list)  # parameter sets to try first
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     search_space_fn: str | None = None  # dotted path of fn(cfg, trial) -> {key: value} | None
     # The default search space; a config's own hydra.sweeper.params replaces it whole, and a
     # key set to null here is not searched.

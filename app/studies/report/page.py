@@ -86,10 +86,15 @@ def _head(record: StudyRecord) -> str:
     return (
         f"<h1>Study {html.escape(record.name)}</h1>"
         f"<p>{html.escape(objectives)}; {len(record.ran)} trials run "
-        f"({len(record.lines())} configurations): {html.escape(counts)}."
+        f"({len(record.lines())} configurations): {html.escape(counts)}.{_borrowed(record)}"
         f"<br>Storage: <code>{html.escape(record.storage)}</code>; trials report in "
         f"{html.escape(record.unit)}.</p>"
     )
+
+
+def _borrowed(record: StudyRecord) -> str:
+    n = sum(t.ending == "borrowed" for t in record.trials)
+    return f" {n} trials borrowed from earlier studies (hpo.warm_start), not run here." if n else ""
 
 
 def _summary(record: StudyRecord) -> str:

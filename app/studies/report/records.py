@@ -15,7 +15,16 @@ from typing import Literal
 
 # How a trial (or a line) ended, with the colour the report draws it in.
 Ending = Literal[
-    "complete", "promoted", "pruned", "paused", "oom", "diverged", "preempted", "failed", "running"
+    "complete",
+    "promoted",
+    "pruned",
+    "paused",
+    "oom",
+    "diverged",
+    "preempted",
+    "failed",
+    "running",
+    "borrowed",
 ]
 COLOURS: dict[Ending, str] = {
     "complete": "#2ca02c",
@@ -27,10 +36,11 @@ COLOURS: dict[Ending, str] = {
     "preempted": "#8c564b",
     "failed": "#d62728",
     "running": "#1f77b4",
+    "borrowed": "#c7c7c7",  # observed from an earlier study (hpo.warm_start), not run here
 }
 # Trials the sweeper told without running them (a duplicate of a finished configuration, a
-# surplus past the budget): no curve, no cost.
-NOT_RUN = ("duplicate", "surplus")
+# surplus past the budget, a trial borrowed from an earlier study): no curve, no cost.
+NOT_RUN = ("duplicate", "surplus", "borrowed")
 
 
 @dataclass(frozen=True)
@@ -142,7 +152,7 @@ class StudyRecord:
 
     def best(self) -> TrialRecord | None:
         """The best completed trial of a single-objective study."""
-        done = [t for t in self.trials if t.state == "COMPLETE" and t.values]
+        done = [t for t in self.ran if t.state == "COMPLETE" and t.values]
         if len(self.directions) != 1 or not done:
             return None
         sign = -1.0 if self.directions[0] == "maximize" else 1.0

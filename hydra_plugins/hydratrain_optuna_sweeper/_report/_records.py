@@ -25,12 +25,11 @@ from .. import _private as private
 from .._pruners._asha import PAUSED
 from .._pruners._companion import MAIN_TRIAL
 from .._pruners._lineage import root
-from .._study._cost import BUDGET_TRIALS
+from .._study._cost import BORROWED, BUDGET_TRIALS
+from .._study._shared import BUDGET, UNIT
 
 log = logging.getLogger(__name__)
 
-UNIT = "hpo:report_unit"  # study user attrs: the axis trials report on, and its end
-BUDGET = "hpo:report_budget"
 # A trial's reason (user attr `reason`, written by `_outcomes.py` in the runs' Status words)
 # -> how the report says it ended.
 ENDINGS: dict[str, Ending] = {
@@ -113,6 +112,8 @@ def trial_record(t: FrozenTrial, reports: dict[int, float] | None = None) -> Tri
 
 def ending(t: FrozenTrial) -> Ending:
     reason = str(t.user_attrs.get("reason", ""))
+    if reason == BORROWED:  # observed from an earlier study (hpo.warm_start), not run here
+        return "borrowed"
     if t.state == TrialState.COMPLETE:
         return "complete"
     if t.state in (TrialState.RUNNING, TrialState.WAITING):

@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from app.hpo import BatchSizeStudyConfig, TrialAttrs
 
 from .._errors import NoTrialCompleted
+from .._study._warm_start import RECORD, is_borrowed
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -33,7 +34,7 @@ RESULTS_FILE = "optimization_results.yaml"
 def check_completed(study: optuna.Study) -> None:
     """Raise NoTrialCompleted unless a trial of the study completed, in this run or any other:
     a rerun that adds only failed or pruned trials to a study with a best value ends well."""
-    counts = trial_counts(study.get_trials(deepcopy=False))
+    counts = trial_counts([t for t in study.get_trials(deepcopy=False) if not is_borrowed(t)])
     if not counts.get(TrialState.COMPLETE.name):
         by_state = ", ".join(f"{state}: {n}" for state, n in sorted(counts.items())) or "none"
         raise NoTrialCompleted(
@@ -61,7 +62,8 @@ def summarize(
     batch_study: BatchSizeStudyConfig | None = None,
     sweep_dir: str = ".",
 ) -> dict[str, object]:
-    trials = study.get_trials(deepcopy=False)
+    every = study.get_trials(deepcopy=False)
+    trials = [t for t in every if not is_borrowed(t)]  # this study's own
     data: dict[str, object] = {
         "name": "optuna",
         "study_name": study.study_name,
@@ -69,12 +71,13 @@ def summarize(
         "directions": [d.name.lower() for d in study.directions],
         **({"metrics": metrics} if metrics else {}),
         "trials": trial_counts(trials),
+        **({"warm_start": study.user_attrs[RECORD]} if RECORD in study.user_attrs else {}),
     }
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if not complete:
         return data
     if len(study.directions) == 1:
-        best = study.best_trial
+        best = study.best_trial if len(trials) == len(every) else own_best(study, complete)
         data.update(
             best_params=dict(best.params),
             best_value=best.value,
@@ -82,12 +85,42 @@ def summarize(
             best_run_dir=best.user_attrs.get("run_dir"),
         )
     else:
-        data["solutions"] = [_solution(t) for t in study.best_trials]  # the Pareto front
+        front = study.best_trials if len(trials) == len(every) else own_front(study, complete)
+        data["solutions"] = [_solution(t) for t in front]  # the Pareto front
     if batch_study is not None:
         from ._batch_study import write_batch_study
 
         data["batch_size_study"] = write_batch_study(study, batch_study, sweep_dir)
     return data
+
+
+def own_best(study: optuna.Study, complete: list[FrozenTrial]) -> FrozenTrial:
+    """study.best_trial among `complete` (a study that observed borrowed trials: its own)."""
+    sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    feasible = [t for t in complete if _feasible(t)] or complete
+    return min(feasible, key=lambda t: sign * float(t.value))  # type: ignore[arg-type]
+
+
+def own_front(study: optuna.Study, complete: list[FrozenTrial]) -> list[FrozenTrial]:
+    """study.best_trials among `complete`: the feasible trials no other one dominates."""
+    signs = [-1.0 if d == optuna.study.StudyDirection.MAXIMIZE else 1.0 for d in study.directions]
+    points = {t.number: [s * v for s, v in zip(signs, t.values, strict=True)] for t in complete}
+    feasible = [t for t in complete if _feasible(t)]
+
+    def dominated(a: list[float]) -> bool:
+        return any(
+            all(x <= y for x, y in zip(points[o.number], a, strict=True)) and points[o.number] != a
+            for o in feasible
+        )
+
+    return [t for t in feasible if not dominated(points[t.number])]
+
+
+def _feasible(t: FrozenTrial) -> bool:
+    """No constraint above zero (Optuna >= 5 records them; an OOM trial is infeasible)."""
+    constraints = getattr(t, "constraints", None) or {}
+    values = constraints.values() if isinstance(constraints, dict) else constraints
+    return all(v <= 0 for v in values)
 
 
 def write_results(

@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 
 COST = "device_seconds"  # the summary key, user attr and objective name
 BUDGET_TRIALS = "hpo:budget_trials"  # study user attr: hpo.budget_trials, for the report
-NOT_RUN = ("surplus", "duplicate")  # reasons of trials the sweeper told without running them
+BORROWED = "borrowed"  # the reason of a trial observed from an earlier study (hpo.warm_start)
+# reasons of trials the sweeper told without running them
+NOT_RUN = ("surplus", "duplicate", BORROWED)
 
 
 def recorded(t: FrozenTrial) -> float:
@@ -100,10 +102,10 @@ def trials_worth(trials: Iterable[FrozenTrial], last: int | None) -> float:
 
 
 def _progress(t: FrozenTrial, last: int | None) -> float:
+    if t.user_attrs.get("reason") in NOT_RUN:  # told at once or borrowed: never trained here
+        return 0.0
     if t.state == TrialState.COMPLETE:
         return 1.0
-    if t.user_attrs.get("reason") in NOT_RUN:  # told at once, never trained
-        return 0.0
     if last is None:
         return 1.0 if t.state.is_finished() else 0.0
     step = t.last_step

@@ -186,12 +186,13 @@ def oom_constraint(trial: FrozenTrial) -> list[float]:
 
 
 TRIAL_CONSTRAINTS = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5
+OOM = "oom"  # the constraint a trial that ran out of memory breaks
 
 
 def record_oom_constraint(trial: optuna.Trial, oom: bool) -> None:
     """Optuna >= 5: mark the trial feasible (0) or not (1, it ran out of memory)."""
     if TRIAL_CONSTRAINTS:
-        trial.set_constraint("oom", 1.0 if oom else 0.0)
+        trial.set_constraint(OOM, 1.0 if oom else 0.0)
 
 
 def grid_size(grid: Grid) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from hydra.errors import HydraDeprecationError
 from omegaconf import DictConfig, OmegaConf
 
-from app.hpo import BatchSizeStudyConfig, HpoConfig
+from app.hpo import BatchSizeStudyConfig, HpoConfig, WarmStartConfig
 
 from .. import _private as private
 from .._errors import SweepConfigError, first_line
@@ -137,6 +137,7 @@ class SweepSettings:
     # several objectives
     report_direction: str = "minimize"
     fleet: FleetAsk | None = None  # None: no hpo node (the stock surface alone), no fleet
+    warm_start: WarmStartConfig | None = None  # hpo.warm_start; None: no hpo node
 
     @property
     def multi_objective(self) -> bool:
@@ -218,6 +219,7 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
         budget_s=h.budget_s if hpo else None,
         batch_size_study=h.batch_size_study if hpo else None,
         fleet=_fleet_ask(h) if hpo else None,
+        warm_start=h.warm_start if hpo else None,
     )
     check(s)
     return s

@@ -49,6 +49,7 @@ from .._study._space import (
     parse_space,
 )
 from .._study._storage import Masker, job_storage, open_storage, passwords
+from .._study._warm_start import Borrowed, plan_warm_start
 from ._fleet_run import Fleet, plan_fleet_of
 from ._outcomes import StartUnlessStopped
 from ._worker import Plan, Worker
@@ -157,6 +158,7 @@ class OptunaSweeperImpl(Sweeper):
             type(judged_by if _has_companion(s) else pruner).__name__,
             _axis_text(schedule, space),
         )
+        warm = self._warm_start(s, space, schedule)
         study = self._open_study(s, sampler, pruner)
         if schedule is not None:
             describe(study, s.metrics, schedule.unit, schedule.last)
@@ -178,7 +180,22 @@ class OptunaSweeperImpl(Sweeper):
             constraints=s.hpo_node
             and not isinstance(unwrapped(sampler), optuna.samplers.CmaEsSampler),
             judge=judge,
+            warm=warm,
         )
+
+    def _warm_start(
+        self, s: SweepSettings, space: SearchSpace, schedule: ReportAxis | None
+    ) -> Borrowed | None:
+        """hpo.warm_start read and mapped into this space before this study is touched."""
+        if s.warm_start is None:
+            return None
+        directions = [d or "minimize" for d in s.directions]
+        warm = plan_warm_start(s.warm_start, space.distributions, directions, schedule, self.mask)
+        if warm is not None:
+            log.info("%s", warm.describe())
+            for note in warm.notes:
+                log.info("warm start: %s", note)
+        return warm
 
     def _fleet_job(self, fleet: FleetPlan, arguments: list[str]) -> FleetJob:
         """What each launched worker runs: this sweeper again, from what it was made of."""

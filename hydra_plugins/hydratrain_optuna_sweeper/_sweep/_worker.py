@@ -39,6 +39,7 @@ from .._study._settings import SweepSettings
 from .._study._shared import TrialBudget, budget_lock, heartbeat, requeue
 from .._study._space import SearchSpace, SpaceHook, format_value, largest_point, suggest
 from .._study._storage import Masker, retrying
+from .._study._warm_start import Borrowed, apply_warm_start
 from ._outcomes import Outcome, classify, error_attrs, not_started
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class Plan:
     mask: Masker
     constraints: bool  # mark out-of-memory trials infeasible, for the sampler
     judge: Judge | None = None  # where trials report (several objectives: the companion)
+    warm: Borrowed | None = None  # hpo.warm_start: what this study takes from earlier ones
 
 
 class Worker:
@@ -116,13 +118,15 @@ class Worker:
         first: list[dict[str, object]] = [dict(p) for p in self.s.enqueue]
         if not first and self.sharing is not None:
             first = [dict(largest_point(self.plan.space.distributions))]
-        if not any(first):
-            return
-        with budget_lock(self.s.storage.lock_path):
-            if self.study.get_trials(deepcopy=False):
-                return
-            for params in first:
-                self.study.enqueue_trial(params)
+        lock = self.s.storage.lock_path
+        if any(first):
+            with budget_lock(lock):
+                if not self.study.get_trials(deepcopy=False):
+                    for params in first:
+                        self.study.enqueue_trial(params)
+        warm = self.plan.warm  # after hpo.enqueue's, once per study (a rerun borrows nothing)
+        if warm is not None and apply_warm_start(self.study, warm, lock):
+            log.info("%s: done", warm.describe())
 
     def _next_batch(self) -> bool:
         """Run the next batch of trials, in a seat of its GPU where trials share it; False

@@ -1,0 +1,245 @@
+"""hpo.warm_start: a study started from earlier ones. Its trials mapped into a changed space,
+enqueued to run first or observed (shown to the sampler, not run, not counted), once per
+study; and every bad source is one line before anything is written."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from omegaconf import DictConfig
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from app.hpo import ReportAxis, WarmStartConfig
+from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
+from hydra_plugins.hydratrain_optuna_sweeper._study._cost import trials_worth
+from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
+    BUDGET,
+    UNIT,
+    count_toward_budget,
+)
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import Masker, journal
+from hydra_plugins.hydratrain_optuna_sweeper._study._warm_start import (
+    FROM,
+    RECORD,
+    _mapped,
+    apply_warm_start,
+    is_borrowed,
+    plan_warm_start,
+)
+from hydra_plugins.hydratrain_optuna_sweeper.reporter import reporter_for_job
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+OWN_APP = ROOT / "tests" / "own_app" / "own_app.py"
+SPACE = {
+    "x": FloatDistribution(-8.0, 8.0),
+    "n": IntDistribution(1, 9, step=2),
+    "kind": CategoricalDistribution(["a", "b"]),
+}
+MASK = Masker.of([])
+
+
+def _source(tmp_path: Path, name: str = "old", n: int = 6, direction: str = "minimize") -> str:
+    """A finished study in a journal file: x = 0..n-1, value (x - 2)^2; its path."""
+    path = str(tmp_path / f"{name}.journal")
+    study = optuna.create_study(study_name=name, storage=journal(path), direction=direction)
+    for i in range(n):
+        trial = optuna.trial.create_trial(
+            params={"x": float(i), "n": 3, "kind": "a", "gone": 1.0},
+            distributions={
+                "x": FloatDistribution(-10.0, 10.0),
+                "n": IntDistribution(1, 9, step=2),
+                "kind": CategoricalDistribution(["a", "c"]),
+                "gone": FloatDistribution(0.0, 2.0),
+            },
+            value=(i - 2.0) ** 2,
+            intermediate_values={10: (i - 2.0) ** 2 + 1.0},
+        )
+        study.add_trial(trial)
+    study.set_user_attr(UNIT, "samples")
+    study.set_user_attr(BUDGET, 100)
+    return path
+
+
+def _warm(path: str, **settings) -> WarmStartConfig:
+    return WarmStartConfig(studies=[{"storage": path, "study_name": "old"}], **settings)
+
+
+def _plan(cfg: WarmStartConfig, directions=("minimize",), schedule=None):
+    return plan_warm_start(cfg, dict(SPACE), list(directions), schedule, MASK)
+
+
+def test_a_configuration_maps_into_a_changed_space_with_a_line_per_decision():
+    params = {"x": 12.5, "n": 4, "kind": "c", "gone": 1.0}
+    mapped, notes = _mapped(params, SPACE, "old#3")
+    assert mapped == {"x": 8.0, "n": 5}  # clipped; snapped to the step; the choice left out
+    assert notes == [
+        "old#3: gone is not searched here, dropped",
+        "old#3: x=12.5 clipped to 8.0",
+        "old#3: n=4 clipped to 5",
+        "old#3: kind='c' is not a choice here: left to the sampler",
+    ]
+    assert _mapped({"x": 1.0, "n": 3, "kind": "b"}, SPACE, "s")[1] == []  # inside: no line
+
+
+def test_enqueue_runs_the_best_configurations_first_once_per_study(tmp_path):
+    warm = _plan(_warm(_source(tmp_path), top_k=3))
+    assert warm is not None
+    assert [p["x"] for p, _ in warm.enqueued] == [2.0, 1.0, 3.0]  # best first
+    study = optuna.create_study(study_name="new", storage=journal(str(tmp_path / "new.journal")))
+    assert apply_warm_start(study, warm, str(tmp_path / "lock"))
+    assert not apply_warm_start(study, warm, str(tmp_path / "lock"))  # a rerun, another worker
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [t.user_attrs[FROM] for t in waiting] == ["old#2", "old#1", "old#3"]
+    assert study.user_attrs[RECORD]["enqueued"] == 3
+    first = study.ask()  # "kind" ('a' is no choice here) is left to the sampler
+    assert (first.suggest_float("x", -8, 8), first.suggest_int("n", 1, 9, step=2)) == (2.0, 3)
+
+
+def test_observed_trials_are_shown_to_the_sampler_but_not_counted(tmp_path):
+    warm = _plan(_warm(_source(tmp_path), take="observe"))
+    assert warm is not None and len(warm.observed) == 6
+    study = optuna.create_study(study_name="new", storage=journal(str(tmp_path / "new.journal")))
+    apply_warm_start(study, warm, None)
+    trials = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(trials) == 6 and all(is_borrowed(t) for t in trials)
+    assert count_toward_budget(trials) == 0  # not toward hpo.n_trials
+    assert trials_worth(trials, last=100) == 0.0  # nor hpo.budget_trials
+    assert all(t.intermediate_values == {} for t in trials)  # rungs: only when asked
+    assert {t.params["x"] for t in trials} == {0.0, 1.0, 2.0, 3.0, 4.0, 5.0}
+
+
+def test_observe_brings_the_reports_only_at_equal_data(tmp_path):
+    path = _source(tmp_path)
+    same = ReportAxis(every=10, last=100, unit="samples")
+    warm = _plan(_warm(path, take="observe", rungs=True), schedule=same)
+    assert warm is not None and warm.observed[0].intermediate_values == {10: 5.0}
+    other = ReportAxis(every=10, last=300, unit="steps")
+    with pytest.raises(
+        SweepConfigError, match="reported in samples up to 100, this study in steps"
+    ):
+        _plan(_warm(path, take="observe", rungs=True), schedule=other)
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda p: _warm(str(p / "nowhere.journal")), "no study storage at"),
+        (lambda p: WarmStartConfig([{"storage": _source(p), "study_name": "x"}]), "it holds: old"),
+        (lambda p: _warm(_source(p, n=0)), "has no finished trial"),
+        (lambda p: _warm(_source(p), take="borrow"), "take='borrow' is not allowed"),
+        (lambda p: _warm(_source(p), top_k=0), "top_k=0 must be an integer >= 1"),
+        (lambda p: _warm(_source(p), rungs=True), "needs take=observe"),
+        (lambda p: WarmStartConfig([{"sweep_dir": str(p)}]), "no optimization_results.yaml"),
+        (lambda p: WarmStartConfig(["old"]), "give {storage: PATH_OR_URL"),
+        (lambda p: WarmStartConfig([{"storage": "x", "name": "y"}]), ".name: no such key"),
+    ],
+)
+def test_a_bad_source_is_one_line_before_anything_is_written(tmp_path, make, needle):
+    cfg = make(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(SweepConfigError) as e:
+        _plan(cfg)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_space_with_nothing_in_common_or_other_directions_is_one_line(tmp_path):
+    path = _source(tmp_path)
+    other = {"lr": FloatDistribution(1e-4, 1e-2, log=True)}
+    with pytest.raises(SweepConfigError, match="nothing of this search space"):
+        plan_warm_start(_warm(path), other, ["minimize"], None, MASK)
+    with pytest.raises(SweepConfigError, match="its values cannot be observed here"):
+        _plan(_warm(path, take="observe"), directions=("maximize",))
+
+
+# A sweep of an app of one's own (tests/own_app), in this process, warm-started.
+
+
+def _task(cfg: DictConfig) -> float:
+    rep = reporter_for_job(cfg)
+    value = 0.0
+    for step in range(1, cfg.steps + 1):
+        value = (cfg.x - 2.0) ** 2 + 10.0 / step
+        if rep.report(step, {"val_loss": value}):
+            raise optuna.TrialPruned()
+    return value
+
+
+def _sweep(runner, sweep_dir: Path, n: int, *extra: str) -> dict:
+    """The study's optimization_results.yaml, its journal copied to `sweep_dir` (the runner
+    removes its own directory when it ends)."""
+    work = sweep_dir.parent / f"{sweep_dir.name}-work"
+    sweep = runner(
+        calling_file=str(OWN_APP),
+        calling_module=None,
+        task_function=_task,
+        config_path=".",
+        config_name="config",
+        overrides=[
+            "hydra/sweeper=hydratrain_optuna",
+            "hydra.job.chdir=false",
+            "steps=6",
+            f"+hpo.n_trials={n}",
+            "+hpo.pruner=none",
+            "+hpo.sampler_args={n_startup_trials: 3}",
+            *extra,
+        ],
+        temp_dir=str(work),
+    )
+    with sweep:
+        shutil.copytree(work, sweep_dir)
+    return yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+
+
+@pytest.mark.integration
+def test_a_sweep_starts_from_an_earlier_sweep_directory(hydra_sweep_runner, tmp_path):
+    first = _sweep(hydra_sweep_runner, tmp_path / "first", 6)
+    source = f"+hpo.warm_start.studies=[{{sweep_dir: {tmp_path / 'first'}}}]"
+    second = _sweep(hydra_sweep_runner, tmp_path / "second", 3, source, "+hpo.warm_start.top_k=2")
+    study = optuna.load_study(
+        study_name="hydratrain", storage=journal(str(tmp_path / "second" / "study.journal"))
+    )
+    old = optuna.load_study(
+        study_name="hydratrain", storage=journal(str(tmp_path / "first" / "study.journal"))
+    )
+    best_two = sorted(old.trials, key=lambda t: t.value)[:2]
+    assert [t.params for t in study.trials[:2]] == [t.params for t in best_two]
+    assert [t.user_attrs[FROM] for t in study.trials[:2]] == [
+        f"hydratrain#{t.number}" for t in best_two
+    ]
+    assert len(study.trials) == 3  # the enqueued ones are this study's trials: counted
+    assert second["warm_start"]["enqueued"] == 2 and second["best_value"] <= first["best_value"]
+
+
+GP = ["+hpo.sampler=gp", "+hpo.seed=2"]  # its 3 start-up trials drawn at random
+
+
+@pytest.mark.integration
+def test_observed_trials_inform_the_sampler_and_are_never_the_best(hydra_sweep_runner, tmp_path):
+    """The first sweep's trials, observed, take GPSampler past its random start-up trials at
+    once: the second sweep samples next to the optimum (x = 2) from its first trial, where a
+    cold one draws at random; its results count and rank its own trials only."""
+    _sweep(hydra_sweep_runner, tmp_path / "first", 8, "+hpo.seed=1")
+    storage = tmp_path / "first" / "study.journal"
+    source = f"+hpo.warm_start.studies=[{{storage: {storage}, study_name: hydratrain}}]"
+    observe = [source, "+hpo.warm_start.take=observe", *GP]
+    warm = _sweep(hydra_sweep_runner, tmp_path / "warm", 3, *observe)
+    _sweep(hydra_sweep_runner, tmp_path / "cold", 3, *GP)
+
+    def own(name: str) -> list[optuna.trial.FrozenTrial]:
+        study = optuna.load_study(
+            study_name="hydratrain", storage=journal(str(tmp_path / name / "study.journal"))
+        )
+        return [t for t in study.trials if not is_borrowed(t)]
+
+    assert warm["warm_start"]["observed"] == 8 and warm["trials"] == {"COMPLETE": 3}
+    assert warm["best_trial"] in [t.number for t in own("warm")]
+    miss = {name: sum(abs(t.params["x"] - 2.0) for t in own(name)) / 3 for name in ("warm", "cold")}
+    assert miss["warm"] < miss["cold"] / 2, miss
