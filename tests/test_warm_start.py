@@ -159,6 +159,26 @@ def test_a_space_with_nothing_in_common_or_other_directions_is_one_line(tmp_path
         _plan(_warm(path, take="observe"), directions=("maximize",))
 
 
+def test_several_objectives_enqueue_the_pareto_front_first_and_observe_both_values(tmp_path):
+    path = str(tmp_path / "two.journal")
+    study = optuna.create_study(
+        study_name="old", storage=journal(path), directions=["minimize", "maximize"]
+    )
+    dist = {"x": FloatDistribution(-10.0, 10.0)}
+    for x, values in [(0.0, [1.0, 1.0]), (1.0, [2.0, 5.0]), (2.0, [3.0, 0.0]), (3.0, [0.5, 0.5])]:
+        study.add_trial(
+            optuna.trial.create_trial(params={"x": x}, distributions=dist, values=values)
+        )
+    cfg = WarmStartConfig(studies=[{"storage": path, "study_name": "old"}], top_k=3)
+    warm = plan_warm_start(cfg, {"x": FloatDistribution(-8.0, 8.0)}, ["minimize"] * 2, None, MASK)
+    assert warm is not None
+    assert [p["x"] for p, _ in warm.enqueued] == [0.0, 1.0, 3.0]  # the front (0, 1, 3), then 2
+    observe = WarmStartConfig(studies=cfg.studies, take="observe")
+    directions = ["minimize", "maximize"]
+    seen = plan_warm_start(observe, {"x": FloatDistribution(-8.0, 8.0)}, directions, None, MASK)
+    assert seen is not None and [t.values for t in seen.observed][1] == [2.0, 5.0]
+
+
 # A sweep of an app of one's own (tests/own_app), in this process, warm-started.
 
 
