@@ -181,3 +181,27 @@ def test_a_samplers_anytime_best_and_its_gap_to_each_seeds_best():
     assert gaps["a (end)"] == pytest.approx((0.0 + 0.1) / 2)
     assert gaps["b (end)"] == pytest.approx((0.1 + 0.0) / 2)
     assert gaps["b (half)"] == float("inf")  # no trial completed by half its samples
+
+
+# `python -m app.bench --warm-start`
+
+
+def test_the_warm_start_goals_follow_the_issue_with_their_figures():
+    from app.bench.studies.warm_start import goals as warm_goals
+    from app.bench.studies.warm_start import warm_start_table
+
+    cold = _study(600.0, [_row(0, 1.2, 1200.0), _row(1, 1.0, 1500.0)])
+    quick = _study(500.0, [_row(0, 1.005, 1100.0), _row(1, 0.99, 1400.0)])  # 100 s, best 0.99
+    slow = _study(700.0, [_row(0, 1.005, 1400.0)])  # 400 s: past half the cold wall
+    worse = _study(200.0, [_row(0, 1.009, 1050.0)])  # in time, but ends above 1.0
+    g = warm_goals(cold, quick)
+    assert g["within_1pct_of_the_cold_best_in_half_its_wall"] == {
+        "reach_s": 100.0, "limit_s": 300.0, "met": True}  # fmt: skip
+    assert g["ends_no_worse_than_the_cold_study"]["met"]
+    assert not warm_goals(cold, slow)["within_1pct_of_the_cold_best_in_half_its_wall"]["met"]
+    assert not warm_goals(cold, worse)["ends_no_worse_than_the_cold_study"]["met"]
+    run = {"pair": "data", "seed": 0, "studies": {"first": cold, "cold": cold, "warm": quick},
+           "goals": g}  # fmt: skip
+    table = warm_start_table({"take": "enqueue", "runs": [run]})
+    assert "| data | 0 | warm | 2 (complete: 2) | 500 | 0.9900 | 100 |" in table
+    assert "| data | 0 | ends_no_worse_than_the_cold_study | True |" in table

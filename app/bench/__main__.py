@@ -21,6 +21,8 @@ from app.bench.studies.sampler_choice import ARMS as SAMPLER_ARMS
 from app.bench.studies.sampler_choice import STUDIES as SAMPLER_STUDIES
 from app.bench.studies.sampler_choice import run_sampler_choice, sampler_choice_table
 from app.bench.studies.study_report import report_bench_table, run_report_bench
+from app.bench.studies.warm_start import PAIRS as WARM_PAIRS
+from app.bench.studies.warm_start import run_warm_start_bench, warm_start_table
 from app.bench.throughput.micro import adamw_step_times, adamw_table, measure_startup, startup_table
 from app.bench.throughput.parallel import parallel_table, run_parallel_bench
 from app.bench.throughput.profiles import CONTENDERS, PROFILES
@@ -67,6 +69,10 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         samplers = args.samplers.split(",")
         studies = run_peers_bench(args.overrides, peers, samplers)
         return {"machine": machine_info(), **studies}, peers_tables(studies)
+    if args.warm_start:
+        pairs = args.pairs.split(",") if args.pairs else list(WARM_PAIRS)
+        warm = run_warm_start_bench(args.overrides, _seeds(args), pairs, args.take)
+        return {"machine": machine_info(), **warm}, warm_start_table(warm)
     if args.default_study:
         study = run_default_study_bench(args.overrides, _seeds(args))
         return {"machine": machine_info(), **study}, default_study_table(study)
@@ -133,6 +139,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the default study against a grid, its unpruned self and the Trainer's study",
     )
     p.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="the default study warm-started from a related one, against the same started cold",
+    )
+    p.add_argument("--pairs", help=f"warm-start: comma-separated subset of {','.join(WARM_PAIRS)}")
+    p.add_argument("--take", default="enqueue", help="warm-start: enqueue | observe")
+    p.add_argument(
         "--sampler-choice",
         action="store_true",
         help="the default study and the bench's under each candidate sampler",
@@ -146,7 +159,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--seeds",
         default="0,1",
-        help="batch-budget, sampler-choice, default-study: comma-separated seeds",
+        help="batch-budget, sampler-choice, default-study, warm-start: comma-separated seeds",
     )
     p.add_argument("--peers", help=f"hpo-peers: comma-separated subset of {','.join(HPO_PEERS)}")
     p.add_argument(
@@ -172,6 +185,7 @@ def default_json_path(args: argparse.Namespace) -> str:
         "report": args.report,
         "sampler-choice": args.sampler_choice,
         "default-study": args.default_study,
+        "warm-start": args.warm_start,
         "ablate": args.ablate,
     }
     kind = next((k for k, on in kinds.items() if on), "bench")

@@ -189,17 +189,21 @@ def replay(trials: list[TrialRow], spec: tuple[str, dict[str, int]]) -> Replay:
     return {"optimizer_steps": steps, "best_value": min(done) if done else None}
 
 
-def run_study(overrides: list[str], batch_size_study: bool = False) -> StudyResult:
-    """The study's trials as rows, and where asked, the batch-size study's analysis in its
-    optimization_results.yaml."""
+def run_study(
+    overrides: list[str], batch_size_study: bool = False, keep: str | None = None
+) -> StudyResult:
+    """The study's trials as rows (those it ran: not a warm start's borrowed ones), and where
+    asked, the batch-size study's analysis in its optimization_results.yaml. `keep`: a journal
+    file to hold the study (study name `bench`) after the bench, for a later study to read."""
     import optuna
     import yaml
     from optuna.storages.journal import JournalFileBackend
 
     with tempfile.TemporaryDirectory(prefix="bench-hpo-") as tmp:
+        where = keep or f"{tmp}/study.journal"
         cmd = [
             sys.executable, "-m", "app.train", "-m", *overrides,
-            "hpo.study_name=bench", f"hpo.storage={tmp}/study.journal",
+            "hpo.study_name=bench", f"hpo.storage={where}",
             f"hydra.sweep.dir={tmp}/multirun", f"data.cache_dir={tmp}/cache",
         ]  # fmt: skip
         started, started_at, cpu = time.perf_counter(), time.time(), children_cpu_s()
@@ -210,9 +214,10 @@ def run_study(overrides: list[str], batch_size_study: bool = False) -> StudyResu
                 f"study failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}"
             )
         wall = time.perf_counter() - started
-        journal = optuna.storages.JournalStorage(JournalFileBackend(f"{tmp}/study.journal"))
+        journal = optuna.storages.JournalStorage(JournalFileBackend(where))
         study = optuna.load_study(study_name="bench", storage=journal)
-        trials = [trial_row(t) for t in sorted(study.get_trials(), key=lambda t: t.number)]
+        ran = [t for t in study.get_trials() if t.user_attrs.get("reason") != "borrowed"]
+        trials = [trial_row(t) for t in sorted(ran, key=lambda t: t.number)]
         results = yaml.safe_load(Path(tmp, "multirun", "optimization_results.yaml").read_text())
     values = [t["value"] for t in trials if t["state"] == "COMPLETE"]
     done = [v for v in values if v is not None]
