@@ -144,3 +144,29 @@ def test_a_sampler_reads_the_trials_a_study_seen_as_shows_it(study, sampler):
     value = s.sample_independent(seen, frozen, "x", optuna.distributions.FloatDistribution(0, 1))
     assert 0 <= value <= 1 and calls
     assert len(study.trials) == 4 and seen.study_name == study.study_name
+
+
+@pytest.mark.skipif(
+    hasattr(optuna.trial.Trial, "set_constraint"), reason="Optuna >= 5: constraints on the trial"
+)
+def test_a_trial_added_finished_carries_the_constraints_a_sampler_reads(study):
+    """Optuna 4.x: what a constraints_func sampler stores after a trial it told, written on one
+    added finished: TPE then reads it as a told trial's (without it: "Trial N does not have
+    constraint values", and the trial is ranked below every other)."""
+    import warnings
+
+    from optuna.distributions import FloatDistribution
+
+    dist = {"x": FloatDistribution(0.0, 1.0)}
+    for x in (0.1, 0.5, 0.9):
+        trial = optuna.trial.create_trial(
+            params={"x": x}, distributions=dist, value=x,
+            system_attrs=private.sampler_constraints([0.0]),
+        )  # fmt: skip
+        study.add_trial(trial)
+    sampler = optuna.samplers.TPESampler(
+        n_startup_trials=1, seed=0, constraints_func=lambda t: [0.0]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "does not have constraint values" would raise here
+        sampler.sample_independent(study, study.ask(), "x", dist["x"])

@@ -22,11 +22,13 @@ from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
     UNIT,
     count_toward_budget,
 )
-from hydra_plugins.hydratrain_optuna_sweeper._study._storage import Masker, journal
+from hydra_plugins.hydratrain_optuna_sweeper._study._storage import Masker, StorageSpec, journal
 from hydra_plugins.hydratrain_optuna_sweeper._study._warm_start import (
     FROM,
     RECORD,
+    Target,
     _mapped,
+    already_borrowed,
     apply_warm_start,
     is_borrowed,
     plan_warm_start,
@@ -71,8 +73,10 @@ def _warm(path: str, **settings) -> WarmStartConfig:
     return WarmStartConfig(studies=[{"storage": path, "study_name": "old"}], **settings)
 
 
-def _plan(cfg: WarmStartConfig, directions=("minimize",), schedule=None):
-    return plan_warm_start(cfg, dict(SPACE), list(directions), schedule, MASK)
+def _plan(cfg: WarmStartConfig, directions=("minimize",), schedule=None, **target):
+    """Planned for a study of SPACE whose pruner compares reports (median)."""
+    aim = Target(dict(SPACE), list(directions), schedule, compares_reports=True, **target)
+    return plan_warm_start(cfg, aim, MASK)
 
 
 def test_a_configuration_maps_into_a_changed_space_with_a_line_per_decision():
@@ -93,8 +97,10 @@ def test_enqueue_runs_the_best_configurations_first_once_per_study(tmp_path):
     assert warm is not None
     assert [p["x"] for p, _ in warm.enqueued] == [2.0, 1.0, 3.0]  # best first
     study = optuna.create_study(study_name="new", storage=journal(str(tmp_path / "new.journal")))
-    assert apply_warm_start(study, warm, str(tmp_path / "lock"))
-    assert not apply_warm_start(study, warm, str(tmp_path / "lock"))  # a rerun, another worker
+    assert apply_warm_start(study, warm)
+    assert not apply_warm_start(study, warm)  # a rerun, another worker: the claim is taken
+    spec = StorageSpec("journal", str(tmp_path / "new.journal"), "hpo.storage")
+    assert already_borrowed(spec, "new", MASK) and not already_borrowed(spec, "other", MASK)
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert [t.user_attrs[FROM] for t in waiting] == ["old#2", "old#1", "old#3"]
     assert study.user_attrs[RECORD]["enqueued"] == 3
@@ -106,7 +112,7 @@ def test_observed_trials_are_shown_to_the_sampler_but_not_counted(tmp_path):
     warm = _plan(_warm(_source(tmp_path), take="observe"))
     assert warm is not None and len(warm.observed) == 6
     study = optuna.create_study(study_name="new", storage=journal(str(tmp_path / "new.journal")))
-    apply_warm_start(study, warm, None)
+    apply_warm_start(study, warm)
     trials = study.get_trials(states=(TrialState.COMPLETE,))
     assert len(trials) == 6 and all(is_borrowed(t) for t in trials)
     assert count_toward_budget(trials) == 0  # not toward hpo.n_trials
@@ -127,6 +133,53 @@ def test_observe_brings_the_reports_only_at_equal_data(tmp_path):
         _plan(_warm(path, take="observe", rungs=True), schedule=other)
 
 
+def test_observe_takes_a_grid_value_as_it_is_and_only_trials_that_fit_this_space_whole(tmp_path):
+    path = str(tmp_path / "grid.journal")
+    study = optuna.create_study(study_name="old", storage=journal(path))
+    grid = {"drop": FloatDistribution(0.1, 0.9, step=0.1)}
+    for value in (0.3, 0.7):  # 0.3 snaps to 0.30000000000000004 on the grid: still inside
+        study.add_trial(
+            optuna.trial.create_trial(params={"drop": value}, distributions=grid, value=1.0)
+        )
+    cfg = _warm(path, take="observe")
+    warm = plan_warm_start(cfg, Target(dict(grid), ["minimize"]), MASK)
+    assert warm is not None and [t.params["drop"] for t in warm.observed] == [0.3, 0.7]
+    wider = {**grid, "y": FloatDistribution(0.0, 1.0)}  # a parameter the source never searched
+    warm = plan_warm_start(cfg, Target(wider, ["minimize"]), MASK)
+    assert warm is not None and warm.observed == []
+    assert warm.notes == [
+        "old: 2 finished trials not observed: outside this space, or without one of its parameters"
+    ]
+
+
+def test_enqueue_stops_at_the_budget_and_skips_what_a_source_borrowed_itself(tmp_path):
+    path = _source(tmp_path)
+    study = optuna.load_study(study_name="old", storage=journal(path))
+    borrowed = optuna.trial.create_trial(
+        params={"x": 2.5}, distributions={"x": FloatDistribution(-10.0, 10.0)}, value=-1.0,
+        user_attrs={"reason": "borrowed"},
+    )  # fmt: skip
+    study.add_trial(borrowed)  # the best value of all, but not this source's own
+    warm = _plan(_warm(path, top_k=5), cap=2)
+    assert warm is not None and [p["x"] for p, _ in warm.enqueued] == [2.0, 1.0]
+    assert warm.notes[-3:] == [
+        f"old#{n}: not enqueued, the budget holds 2 trials" for n in (3, 0, 4)
+    ]
+
+
+def test_rungs_only_for_a_pruner_that_compares_reports(tmp_path):
+    cfg = _warm(_source(tmp_path), take="observe", rungs=True)
+    aim = Target(dict(SPACE), ["minimize"], ReportAxis(10, 100, "samples"))
+    with pytest.raises(SweepConfigError, match="does not compare reports at a step"):
+        plan_warm_start(cfg, aim, MASK)
+
+
+def _bad_results(where: Path, text: str) -> WarmStartConfig:
+    (where / "sweep").mkdir(exist_ok=True)
+    (where / "sweep" / "optimization_results.yaml").write_text(text)
+    return WarmStartConfig([{"sweep_dir": str(where / "sweep")}])
+
+
 @pytest.mark.parametrize(
     ("make", "needle"),
     [
@@ -139,6 +192,13 @@ def test_observe_brings_the_reports_only_at_equal_data(tmp_path):
         (lambda p: WarmStartConfig([{"sweep_dir": str(p)}]), "no optimization_results.yaml"),
         (lambda p: WarmStartConfig(["old"]), "give {storage: PATH_OR_URL"),
         (lambda p: WarmStartConfig([{"storage": "x", "name": "y"}]), ".name: no such key"),
+        (
+            lambda p: WarmStartConfig([{"storage": f"sqlite:///{p}/none.db", "study_name": "s"}]),
+            "no study storage at",
+        ),
+        (lambda p: _bad_results(p, "a: [b"), "is not YAML"),
+        (lambda p: _bad_results(p, "- a list"), "names no study"),
+        (lambda p: WarmStartConfig([{"sweep_dir": str(p), "storage": "x"}]), "not both"),
     ],
 )
 def test_a_bad_source_is_one_line_before_anything_is_written(tmp_path, make, needle):
@@ -154,7 +214,7 @@ def test_a_space_with_nothing_in_common_or_other_directions_is_one_line(tmp_path
     path = _source(tmp_path)
     other = {"lr": FloatDistribution(1e-4, 1e-2, log=True)}
     with pytest.raises(SweepConfigError, match="nothing of this search space"):
-        plan_warm_start(_warm(path), other, ["minimize"], None, MASK)
+        plan_warm_start(_warm(path), Target(other, ["minimize"]), MASK)
     with pytest.raises(SweepConfigError, match="its values cannot be observed here"):
         _plan(_warm(path, take="observe"), directions=("maximize",))
 
@@ -170,12 +230,13 @@ def test_several_objectives_enqueue_the_pareto_front_first_and_observe_both_valu
             optuna.trial.create_trial(params={"x": x}, distributions=dist, values=values)
         )
     cfg = WarmStartConfig(studies=[{"storage": path, "study_name": "old"}], top_k=3)
-    warm = plan_warm_start(cfg, {"x": FloatDistribution(-8.0, 8.0)}, ["minimize"] * 2, None, MASK)
+    x = {"x": FloatDistribution(-8.0, 8.0)}
+    warm = plan_warm_start(cfg, Target(x, ["minimize"] * 2), MASK)
     assert warm is not None
     assert [p["x"] for p, _ in warm.enqueued] == [0.0, 1.0, 3.0]  # the front (0, 1, 3), then 2
     observe = WarmStartConfig(studies=cfg.studies, take="observe")
     directions = ["minimize", "maximize"]
-    seen = plan_warm_start(observe, {"x": FloatDistribution(-8.0, 8.0)}, directions, None, MASK)
+    seen = plan_warm_start(observe, Target(x, directions), MASK)
     assert seen is not None and [t.values for t in seen.observed][1] == [2.0, 5.0]
 
 

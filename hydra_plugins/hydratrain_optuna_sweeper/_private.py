@@ -15,7 +15,9 @@ attrs `failed_trial` and `retry_history`, so that
 `retry_attrs` read and write them. Optuna's samplers read a study's trials through its private
 `_get_trials`: `trials_seen_as` gives a sampler a study whose trials (that method and the
 public ones built on it) are shown through a function, so that a line of trials is one
-observation (`_lineage.observations`).
+observation (`_lineage.observations`). On Optuna 4.x a sampler's `constraints_func` is stored
+after each trial it told in the system attr `_CONSTRAINTS_KEY`; a trial added finished (a warm
+start's borrowed one) never passes there, so `sampler_constraints` writes what it would have.
 
 tests/test_sweeper_private_api.py exercises each function on every storage kind; CI runs it on
 Optuna 4.x as well as the installed 5.x (.ci/run).
@@ -151,3 +153,10 @@ def retry_attrs(t: FrozenTrial) -> dict[str, object]:
     """The system attrs of a re-queued copy of t."""
     history = [*retry_history(t), t.number]
     return {"failed_trial": history[0], "retry_history": history}
+
+
+def sampler_constraints(values: list[float]) -> dict[str, object]:
+    """The system attrs in which Optuna 4.x keeps a trial's `constraints_func` values."""
+    from optuna.samplers._base import _CONSTRAINTS_KEY
+
+    return {_CONSTRAINTS_KEY: list(values)}

@@ -38,12 +38,28 @@ def write_report(
     too (the batch-size study's curve). Returns the page's path."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    study = own_trials(study, record)
     write_images(record, study, out)
     page = out / REPORT
     tmp = page.with_suffix(".html.tmp")
     tmp.write_text(render(record, study, extra_images or {}), encoding="utf-8")
     tmp.replace(page)  # a reader never sees half a page
     return page
+
+
+def own_trials(study: Study, record: StudyRecord) -> Study:
+    """The study, or where it holds trials borrowed from earlier studies (hpo.warm_start) a
+    copy in memory of its own trials, which Optuna's plots then draw (renumbered from 0)."""
+    borrowed = {t.number for t in record.trials if t.ending == "borrowed"}
+    if not borrowed:
+        return study
+    import optuna
+
+    own = optuna.create_study(directions=study.directions, study_name=study.study_name)
+    own.add_trials([t for t in study.get_trials(deepcopy=False) if t.number not in borrowed])
+    if study.metric_names:
+        own.set_metric_names(study.metric_names)
+    return own
 
 
 def preload() -> None:

@@ -32,7 +32,7 @@ def best_table(record: StudyRecord) -> str:
     best = record.best()
     if best is not None:
         return _trial_facts(best, record)
-    front = [t for t in record.trials if t.state == "COMPLETE" and t.values]
+    front = [t for t in record.ran if t.state == "COMPLETE" and t.values]
     if len(record.directions) > 1 and front:
         rows = [(t.number, *(t.values or ()), _params(t), t.run_dir) for t in front]
         header = ("trial", *record.metrics, "parameters", "run dir")

@@ -45,6 +45,7 @@ from .._study._fleet_plan import FleetPlan, WorkerIdentity
 from .._study._settings import SweepSettings
 from .._study._shared import budget_lock, fail_as_stale
 from .._study._space import format_value
+from .._study._warm_start import is_borrowed
 
 log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -71,6 +72,8 @@ class TrialTicker:
             log.debug("could not read the study: %s", e)
             return
         for t in trials:
+            if is_borrowed(t):  # added finished by a warm start: not a trial of the fleet's
+                continue
             if t.state.is_finished() and t.number not in self.seen:
                 self.seen.add(t.number)
                 log.info("Trial %d %s %s %s", t.number, t.state.name, t.values or "", _by(t))

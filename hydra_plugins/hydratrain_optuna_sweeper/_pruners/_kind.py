@@ -69,6 +69,8 @@ class PrunerKind:
     and the schedule; `judges`: False where nothing judges the reports (no pruning companion
     for several objectives); `pauses`: a trial it stops is paused, resumed later from its run
     dir (the job must take training.resume), and the sampler sees one observation per line;
+    `compares_reports`: it judges a trial by other trials' reports at the same step (Optuna's
+    successive halving and hyperband read their own rung records instead);
     `promoter` (study, the study that holds the reports) queues paused trials that qualify."""
 
     name: str
@@ -76,6 +78,7 @@ class PrunerKind:
     defaults: Defaults = no_defaults
     judges: bool = True
     pauses: bool = False
+    compares_reports: bool = False  # reads other trials' reports at a step (a warm start's rungs)
     promoter: Callable[[optuna.Study, optuna.Study], Promotes] | None = None
 
 

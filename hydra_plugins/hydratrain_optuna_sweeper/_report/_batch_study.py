@@ -20,6 +20,8 @@ from app.hpo import (
     plot_batch_study,
 )
 
+from .._study._warm_start import is_borrowed
+
 log = logging.getLogger(__name__)
 
 
@@ -29,6 +31,8 @@ def batch_trials(study: optuna.Study) -> list[BatchTrial]:
     scale and the probe's throughput at its batch."""
     rows = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if is_borrowed(t):  # an earlier study's (hpo.warm_start): not trained here
+            continue
         attrs = TrialAttrs.from_user_attrs(t.user_attrs)
         batch = attrs.effective_batch_size or t.params.get("training.effective_batch_size")
         lr = attrs.lr or t.params.get("training.lr")

@@ -7,25 +7,31 @@ with nothing written. Applied once per study, under the budget lock, by whicheve
 there first (a fleet's workers share what was borrowed; a rerun borrows nothing again):
 
 - `enqueue`: each source's best `top_k` finished configurations run first, as trials of this
-  study. A parameter this space lacks is dropped; a number outside its range is clipped to it;
-  a choice it does not offer is left to the sampler; one line per such decision.
+  study (no more than its budget holds). A parameter this space lacks is dropped; a number
+  outside its range is clipped to it; a choice it does not offer is left to the sampler; one
+  line per such decision.
 - `observe`: each source's finished trials are added as finished trials of this study, so the
   sampler learns from them at once. They are not run, not counted toward hpo.n_trials or
-  hpo.budget_trials, never the study's best and never promoted (user attr reason=borrowed). A
-  trial with a parameter outside this space is not observed (its value was measured elsewhere).
+  hpo.budget_trials, never the study's best and never promoted (user attr reason=borrowed).
+  Only a trial that lies in this space whole is observed (a value measured elsewhere, or
+  without one of this space's parameters, would mislead a sampler that models them jointly).
   Their values are taken as they are: the sources must optimize the same directions, and their
-  values are comparable only on the same task. `rungs` brings their reports too, for the pruner
-  to compare at equal data: only where their report axis and budget are this study's.
+  values are comparable only on the same task. `rungs` brings their reports too, for a pruner
+  that compares reports (median) at equal data: only where their report axis and budget are
+  this study's.
+
+A trial a source borrowed itself is not borrowed again. The claim that makes it once per study
+is a study of its own, `<study>:warm_start`, which only one worker can create.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
-import yaml
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
@@ -36,17 +42,37 @@ from optuna.trial import FrozenTrial, TrialState
 
 from app.hpo import ReportAxis, WarmStartConfig
 
-from .._errors import SweepConfigError, first_line
+from .._errors import SweepConfigError
+from .._private import sampler_constraints, storage_of
+from .._pruners._kind import pruner_kind
 from .._pruners._lineage import UNCOUNTED
 from ._cost import BORROWED
 from ._samplers import OOM, TRIAL_CONSTRAINTS
-from ._shared import BUDGET, UNIT, budget_lock
-from ._storage import JOURNAL_NAME, Masker, StorageSpec, open_storage, storage_spec
+from ._settings import SweepSettings
+from ._shared import BUDGET, UNIT
+from ._storage import Masker, StorageSpec, open_storage
+from ._warm_sources import open_source
+
+log = logging.getLogger(__name__)
 
 KEY = "hpo.warm_start"
 TAKES = ("enqueue", "observe")
 FROM = "warm_start_from"  # user attr: "<study>#<trial number>" a trial was borrowed from
 RECORD = "hpo:warm_start"  # study user attr: what was borrowed, written once
+
+
+@dataclass(frozen=True)
+class Target:
+    """This study, as the warm start maps into it: its search space and directions, its report
+    axis, whether its pruner compares reports, whether its trials carry the OOM constraint, and
+    the trials its budget holds."""
+
+    space: dict[str, BaseDistribution]
+    directions: list[str]
+    schedule: ReportAxis | None = None
+    compares_reports: bool = False
+    constraints: bool = False
+    cap: int = 20
 
 
 @dataclass
@@ -76,49 +102,95 @@ class Borrowed:
         }
 
 
-def plan_warm_start(
-    cfg: WarmStartConfig,
-    space: dict[str, BaseDistribution],
-    directions: list[str],
-    schedule: ReportAxis | None,
-    mask: Masker,
-) -> Borrowed | None:
+def plan_warm_start(cfg: WarmStartConfig, target: Target, mask: Masker) -> Borrowed | None:
     """The borrowed trials, or None for a cold start; one line for anything wrong."""
     if not cfg.studies:
         return None
-    _check_settings(cfg)
+    _check_settings(cfg, target)
     borrowed = Borrowed(cfg.take, [])
     for i, entry in enumerate(cfg.studies):
         key = f"{KEY}.studies[{i}]"
-        study, label = _open(entry, key, mask)
+        study, label = open_source(entry, key, mask)
         borrowed.sources.append(label)
-        done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+        done = [
+            t
+            for t in study.get_trials(deepcopy=False)
+            if t.state == TrialState.COMPLETE and not is_borrowed(t)
+        ]
         if not done:
             raise SweepConfigError(f"{key}: {label} has no finished trial to start from")
-        if not set(space) & {name for t in done for name in t.params}:
+        searched = sorted({name for t in done for name in t.params})
+        if not set(target.space) & set(searched):
             raise SweepConfigError(
-                f"{key}: {label} searched {', '.join(sorted(done[0].params))}, nothing of this "
-                f"search space ({', '.join(sorted(space))})"
+                f"{key}: {label} searched {', '.join(searched)}, nothing of this search space "
+                f"({', '.join(sorted(target.space))})"
             )
-        name = study.study_name
         if cfg.take == "enqueue":
-            _enqueue_best(borrowed, done, study, cfg.top_k, space, name)
+            _enqueue_best(borrowed, done, study, cfg.top_k, target)
         else:
-            _check_comparable(study, directions, schedule, cfg.rungs, key, label)
-            _observe(borrowed, done, space, name, cfg.rungs)
+            _check_comparable(study, target, cfg.rungs, key, label)
+            _observe(borrowed, done, study.study_name, cfg.rungs, target)
     return borrowed
 
 
-def apply_warm_start(study: optuna.Study, borrowed: Borrowed, lock_path: str | None) -> bool:
-    """Enqueue or add what was borrowed, once per study; False where it was done already."""
-    with budget_lock(lock_path):
-        if study.user_attrs.get(RECORD):
-            return False
-        for params, source in borrowed.enqueued:
-            study.enqueue_trial(params, user_attrs={FROM: source})
-        for trial in borrowed.observed:
-            study.add_trial(trial)
-        study.set_user_attr(RECORD, borrowed.record())
+def warm_start_for(
+    s: SweepSettings,
+    space: dict[str, BaseDistribution],
+    schedule: ReportAxis | None,
+    constraints: bool,
+    mask: Masker,
+) -> Borrowed | None:
+    """hpo.warm_start of the sweep's settings, read and mapped into this space before this
+    study is touched; None for a cold start or a study warm-started already."""
+    if s.warm_start is None or not s.warm_start.studies:
+        return None
+    if already_borrowed(s.storage, s.study_name, mask):
+        log.info("warm start: done in an earlier run of study %s", s.study_name)
+        return None
+    b = s.budget
+    target = Target(
+        space=space,
+        directions=[d or "minimize" for d in s.directions],
+        schedule=schedule,
+        compares_reports=pruner_kind(s.pruner).compares_reports,
+        constraints=constraints,
+        cap=b.n_trials or max(1, math.floor(b.worth or 1)),
+    )
+    warm = plan_warm_start(s.warm_start, target, mask)
+    if warm is not None:
+        log.info("%s", warm.describe())
+        for note in warm.notes:
+            log.info("warm start: %s", note)
+    return warm
+
+
+def claim(study_name: str) -> str:
+    """The study whose creation claims the warm start of `study_name`."""
+    return f"{study_name}:warm_start"
+
+
+def already_borrowed(spec: StorageSpec, study_name: str | None, mask: Masker) -> bool:
+    """This study was warm-started in an earlier run (a rerun, or another worker's): its
+    sources are not read again."""
+    if spec.kind == "memory" or study_name is None:
+        return False
+    if spec.kind == "journal" and not Path(str(spec.target)).is_file():
+        return False
+    return claim(study_name) in optuna.get_all_study_names(open_storage(spec, mask))
+
+
+def apply_warm_start(study: optuna.Study, borrowed: Borrowed) -> bool:
+    """Enqueue or add what was borrowed, once per study (whoever creates the claim first);
+    False where it was done already."""
+    try:
+        optuna.create_study(study_name=claim(study.study_name), storage=storage_of(study))
+    except optuna.exceptions.DuplicatedStudyError:
+        return False
+    for params, source in borrowed.enqueued:
+        study.enqueue_trial(params, user_attrs={FROM: source})
+    for trial in borrowed.observed:
+        study.add_trial(trial)
+    study.set_user_attr(RECORD, borrowed.record())
     return True
 
 
@@ -126,88 +198,36 @@ def is_borrowed(t: FrozenTrial) -> bool:
     return t.user_attrs.get("reason") == BORROWED
 
 
-def _check_settings(cfg: WarmStartConfig) -> None:
+def _check_settings(cfg: WarmStartConfig, target: Target) -> None:
     if cfg.take not in TAKES:
         raise SweepConfigError(
             f"{KEY}.take={cfg.take!r} is not allowed; choose one of: {', '.join(TAKES)}"
         )
     if isinstance(cfg.top_k, bool) or not isinstance(cfg.top_k, int) or cfg.top_k < 1:
         raise SweepConfigError(f"{KEY}.top_k={cfg.top_k!r} must be an integer >= 1")
-    if cfg.rungs and cfg.take != "observe":
+    if not cfg.rungs:
+        return
+    if cfg.take != "observe":
         raise SweepConfigError(f"{KEY}.rungs=true brings observed reports: needs take=observe")
-
-
-def _open(entry: object, key: str, mask: Masker) -> tuple[optuna.Study, str]:
-    """The source study and how lines name it."""
-    spec, name = _source(entry, key)
-    label = f"study {name!r} in {mask(spec.text)}"
-    if spec.kind == "journal" and not Path(str(spec.target)).is_file():
-        raise SweepConfigError(f"{key}: no study storage at {spec.target}")
-    try:
-        storage = open_storage(spec, mask)
-        return optuna.load_study(study_name=name, storage=storage), label
-    except KeyError:
-        known = optuna.get_all_study_names(storage)
+    if not target.compares_reports or len(target.directions) != 1:
         raise SweepConfigError(
-            f"{key}: no study {name!r} in {mask(spec.text)}; it holds: {', '.join(known) or 'none'}"
-        ) from None
-    except SweepConfigError:
-        raise
-    except Exception as e:  # an unreachable database, a file that is not a journal
-        raise SweepConfigError(f"{key}: {label} cannot be read: {mask(first_line(e))}") from None
-
-
-def _source(entry: object, key: str) -> tuple[StorageSpec, str]:
-    """(storage, study name) of one source: {storage, study_name} or {sweep_dir}."""
-    if not isinstance(entry, dict):
-        raise SweepConfigError(
-            f"{key}={entry!r}: give {{storage: PATH_OR_URL, study_name: NAME}} or "
-            "{sweep_dir: DIR}"
+            f"{KEY}.rungs=true: this study's pruner does not compare reports at a step "
+            "(hpo.pruner=median does, for one objective); set rungs=false"
         )
-    unknown = sorted(set(entry) - {"storage", "study_name", "sweep_dir"})
-    if unknown:
-        raise SweepConfigError(
-            f"{key}.{unknown[0]}: no such key; known: storage, study_name, sweep_dir"
-        )
-    if "sweep_dir" in entry:
-        return _from_sweep_dir(Path(str(entry["sweep_dir"])), key)
-    if not entry.get("storage") or not entry.get("study_name"):
-        raise SweepConfigError(f"{key}: needs both storage and study_name (or a sweep_dir)")
-    spec = storage_spec(entry["storage"], f"{key}.storage", ".", null_is_memory=False)
-    if spec.kind == "memory":
-        raise SweepConfigError(f"{key}.storage: a study in memory ended with its sweep")
-    return spec, str(entry["study_name"])
-
-
-def _from_sweep_dir(sweep_dir: Path, key: str) -> tuple[StorageSpec, str]:
-    results = sweep_dir / "optimization_results.yaml"
-    if not results.is_file():
-        raise SweepConfigError(f"{key}.sweep_dir: no {results.name} in {sweep_dir}")
-    data = yaml.safe_load(results.read_text()) or {}
-    name = data.get("study_name")
-    journal = sweep_dir / JOURNAL_NAME
-    if not name:
-        raise SweepConfigError(f"{key}.sweep_dir: {results} names no study")
-    if not journal.is_file():
-        raise SweepConfigError(
-            f"{key}.sweep_dir: its study is not in {journal}; give storage and study_name"
-        )
-    return StorageSpec("journal", str(journal.absolute()), f"{key}.sweep_dir"), str(name)
 
 
 def _enqueue_best(
-    borrowed: Borrowed,
-    done: list[FrozenTrial],
-    study: optuna.Study,
-    top_k: int,
-    space: dict[str, BaseDistribution],
-    name: str,
+    borrowed: Borrowed, done: list[FrozenTrial], study: optuna.Study, top_k: int, target: Target
 ) -> None:
     for t in _best(done, study)[:top_k]:
-        params, notes = _mapped(t.params, space, f"{name}#{t.number}")
+        source = f"{study.study_name}#{t.number}"
+        params, notes = _mapped(t.params, target.space, source)
+        if len(borrowed.enqueued) >= target.cap:
+            borrowed.notes.append(f"{source}: not enqueued, the budget holds {target.cap} trials")
+            continue
         borrowed.notes += notes
         if params and params not in [p for p, _ in borrowed.enqueued]:
-            borrowed.enqueued.append((params, f"{name}#{t.number}"))
+            borrowed.enqueued.append((params, source))
 
 
 def _best(done: list[FrozenTrial], study: optuna.Study) -> list[FrozenTrial]:
@@ -249,26 +269,24 @@ def _fit(value: object, dist: BaseDistribution) -> tuple[object | None, str | No
         fitted = dist.low + round((fitted - dist.low) / dist.step) * dist.step
         fitted = min(fitted, dist.high)
     out: int | float = round(fitted) if isinstance(dist, IntDistribution) else fitted
-    return out, None if math.isclose(out, float(value)) else f"clipped to {out!r}"
+    if math.isclose(out, float(value), rel_tol=1e-9, abs_tol=1e-12):
+        return value, None  # inside: as it was (a grid's value up to rounding)
+    return out, f"clipped to {out!r}"
 
 
 def _check_comparable(
-    study: optuna.Study,
-    directions: list[str],
-    schedule: ReportAxis | None,
-    rungs: bool,
-    key: str,
-    label: str,
+    study: optuna.Study, target: Target, rungs: bool, key: str, label: str
 ) -> None:
     theirs = [d.name.lower() for d in study.directions]
-    if theirs != list(directions):
+    if theirs != list(target.directions):
         raise SweepConfigError(
-            f"{key}: {label} {'/'.join(theirs)}s, this study {'/'.join(directions)}s: "
+            f"{key}: {label} {'/'.join(theirs)}s, this study {'/'.join(target.directions)}s: "
             "its values cannot be observed here (take=enqueue borrows its configurations)"
         )
     if not rungs:
         return
     axis = (study.user_attrs.get(UNIT), study.user_attrs.get(BUDGET))
+    schedule = target.schedule
     here = (schedule.unit, schedule.last) if schedule is not None else (None, None)
     if axis != here:
         raise SweepConfigError(
@@ -277,41 +295,41 @@ def _check_comparable(
         )
 
 
+def _inside(value: object, dist: BaseDistribution) -> bool:
+    """`value` lies in `dist` as it is (a grid's value up to rounding)."""
+    fitted, note = _fit(value, dist)
+    return note is None and fitted is not None
+
+
 def _observe(
-    borrowed: Borrowed,
-    done: list[FrozenTrial],
-    space: dict[str, BaseDistribution],
-    name: str,
-    rungs: bool,
+    borrowed: Borrowed, done: list[FrozenTrial], name: str, rungs: bool, target: Target
 ) -> None:
-    outside = 0
+    space, left_out = target.space, 0
     for t in done:
-        params = {k: v for k, v in t.params.items() if k in space}
-        if not params:
+        if not all(k in t.params and _inside(t.params[k], d) for k, d in space.items()):
+            left_out += 1
             continue
-        if any(_fit(v, space[k]) != (v, None) for k, v in params.items()):
-            outside += 1
-            continue
+        params = {k: t.params[k] for k in space}
         trial = optuna.trial.create_trial(
             params=params,
-            distributions={k: space[k] for k in params},
+            distributions=dict(space),
             values=list(t.values),
             intermediate_values=dict(t.intermediate_values) if rungs else None,
             user_attrs={"reason": BORROWED, FROM: f"{name}#{t.number}"},
-            system_attrs={UNCOUNTED: True},
+            system_attrs={UNCOUNTED: True, **_old_constraints(target)},
         )
-        for constraint, value in _constraints(t).items():
-            trial.set_constraint(constraint, value)
+        if target.constraints and TRIAL_CONSTRAINTS:
+            trial.set_constraint(OOM, 0.0)  # it finished: it fit
         borrowed.observed.append(trial)
-    if outside:
-        borrowed.notes.append(f"{name}: {outside} finished trials lie outside this space")
+    if left_out:
+        borrowed.notes.append(
+            f"{name}: {left_out} finished trials not observed: outside this space, or without "
+            "one of its parameters"
+        )
 
 
-def _constraints(t: FrozenTrial) -> dict[str, float]:
-    """Where this study's trials carry the OOM constraint (Optuna >= 5), a borrowed one does
-    too (a sampler that reads constraints wants them on every trial): its own, or feasible (it
-    finished)."""
-    if not TRIAL_CONSTRAINTS:
+def _old_constraints(target: Target) -> dict[str, object]:
+    """Optuna 4.x keeps the OOM constraint where the sampler's constraints_func wrote it."""
+    if not target.constraints or TRIAL_CONSTRAINTS:
         return {}
-    own: dict[str, float] = dict(getattr(t, "constraints", None) or {})
-    return own or {OOM: 0.0}
+    return sampler_constraints([0.0])

@@ -26,6 +26,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, read_write
+from optuna.samplers import CmaEsSampler
 
 from .._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
 from .._fleet._jobs import FleetJob, worker_config
@@ -49,7 +50,7 @@ from .._study._space import (
     parse_space,
 )
 from .._study._storage import Masker, job_storage, open_storage, passwords
-from .._study._warm_start import Borrowed, plan_warm_start
+from .._study._warm_start import warm_start_for
 from ._fleet_run import Fleet, plan_fleet_of
 from ._outcomes import StartUnlessStopped
 from ._worker import Plan, Worker
@@ -158,7 +159,9 @@ class OptunaSweeperImpl(Sweeper):
             type(judged_by if _has_companion(s) else pruner).__name__,
             _axis_text(schedule, space),
         )
-        warm = self._warm_start(s, space, schedule)
+        # CmaEsSampler ignores constraints, and warns about each trial that has one.
+        constraints = s.hpo_node and not isinstance(unwrapped(sampler), CmaEsSampler)
+        warm = warm_start_for(s, space.distributions, schedule, constraints, self.mask)
         study = self._open_study(s, sampler, pruner)
         if schedule is not None:
             describe(study, s.metrics, schedule.unit, schedule.last)
@@ -176,26 +179,10 @@ class OptunaSweeperImpl(Sweeper):
             sweep_dir=sweep_dir,
             job_storage=job_storage(s.storage, self.mask),
             mask=self.mask,
-            # CmaEsSampler ignores constraints, and warns about each trial that has one.
-            constraints=s.hpo_node
-            and not isinstance(unwrapped(sampler), optuna.samplers.CmaEsSampler),
+            constraints=constraints,
             judge=judge,
             warm=warm,
         )
-
-    def _warm_start(
-        self, s: SweepSettings, space: SearchSpace, schedule: ReportAxis | None
-    ) -> Borrowed | None:
-        """hpo.warm_start read and mapped into this space before this study is touched."""
-        if s.warm_start is None:
-            return None
-        directions = [d or "minimize" for d in s.directions]
-        warm = plan_warm_start(s.warm_start, space.distributions, directions, schedule, self.mask)
-        if warm is not None:
-            log.info("%s", warm.describe())
-            for note in warm.notes:
-                log.info("warm start: %s", note)
-        return warm
 
     def _fleet_job(self, fleet: FleetPlan, arguments: list[str]) -> FleetJob:
         """What each launched worker runs: this sweeper again, from what it was made of."""

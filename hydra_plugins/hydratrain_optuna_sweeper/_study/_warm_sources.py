@@ -1,0 +1,84 @@
+"""hpo.warm_start's sources: an earlier study named by its storage and name, or by a sweep's
+directory, opened to be read. One that is not there is one line, and nothing is created: a
+journal file or SQLite database that does not exist is not opened (opening would make it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import yaml
+
+from .._errors import SweepConfigError, first_line
+from ._storage import JOURNAL_NAME, Masker, StorageSpec, open_storage, storage_spec
+
+
+def open_source(entry: object, key: str, mask: Masker) -> tuple[optuna.Study, str]:
+    """The source study and how lines name it."""
+    spec, name = _source(entry, key)
+    label = f"study {name!r} in {mask(spec.text)}"
+    _check_exists(spec, key)
+    try:
+        storage = open_storage(spec, mask)
+        names = optuna.get_all_study_names(storage)
+    except SweepConfigError:
+        raise
+    except Exception as e:  # an unreachable database, a file that is not a journal
+        raise SweepConfigError(f"{key}: {label} cannot be read: {mask(first_line(e))}") from None
+    if name not in names:
+        known = ", ".join(names) or "none"
+        raise SweepConfigError(f"{key}: no study {name!r} in {mask(spec.text)}; it holds: {known}")
+    return optuna.load_study(study_name=name, storage=storage), label
+
+
+def _check_exists(spec: StorageSpec, key: str) -> None:
+    """A journal file or SQLite database that is not there: opening it would create it."""
+    target = str(spec.target)
+    path = target if spec.kind == "journal" else None
+    if spec.kind == "url" and target.startswith("sqlite:///"):
+        path = target[len("sqlite:///") :]
+    if path is not None and not Path(path).is_file():
+        raise SweepConfigError(f"{key}: no study storage at {path}")
+
+
+def _source(entry: object, key: str) -> tuple[StorageSpec, str]:
+    """(storage, study name) of one source: {storage, study_name} or {sweep_dir}."""
+    if not isinstance(entry, dict):
+        raise SweepConfigError(
+            f"{key}={entry!r}: give {{storage: PATH_OR_URL, study_name: NAME}} or "
+            "{sweep_dir: DIR}"
+        )
+    unknown = sorted(set(entry) - {"storage", "study_name", "sweep_dir"})
+    if unknown:
+        raise SweepConfigError(
+            f"{key}.{unknown[0]}: no such key; known: storage, study_name, sweep_dir"
+        )
+    if "sweep_dir" in entry:
+        if set(entry) & {"storage", "study_name"}:
+            raise SweepConfigError(f"{key}: give a sweep_dir, or storage and study_name, not both")
+        return _from_sweep_dir(Path(str(entry["sweep_dir"])), key)
+    if not entry.get("storage") or not entry.get("study_name"):
+        raise SweepConfigError(f"{key}: needs both storage and study_name (or a sweep_dir)")
+    spec = storage_spec(entry["storage"], f"{key}.storage", ".", null_is_memory=False)
+    if spec.kind == "memory":
+        raise SweepConfigError(f"{key}.storage: a study in memory ended with its sweep")
+    return spec, str(entry["study_name"])
+
+
+def _from_sweep_dir(sweep_dir: Path, key: str) -> tuple[StorageSpec, str]:
+    results = sweep_dir / "optimization_results.yaml"
+    if not results.is_file():
+        raise SweepConfigError(f"{key}.sweep_dir: no {results.name} in {sweep_dir}")
+    try:
+        data = yaml.safe_load(results.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise SweepConfigError(f"{key}.sweep_dir: {results} is not YAML: {first_line(e)}") from None
+    name = data.get("study_name") if isinstance(data, dict) else None
+    journal = sweep_dir / JOURNAL_NAME
+    if not name:
+        raise SweepConfigError(f"{key}.sweep_dir: {results} names no study")
+    if not journal.is_file():
+        raise SweepConfigError(
+            f"{key}.sweep_dir: its study is not in {journal}; give storage and study_name"
+        )
+    return StorageSpec("journal", str(journal.absolute()), f"{key}.sweep_dir"), str(name)
