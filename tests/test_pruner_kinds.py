@@ -10,7 +10,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-from omegaconf import DictConfig
 from optuna.trial import FrozenTrial, TrialState
 
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import (
@@ -20,12 +19,11 @@ from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import (
     pruner_kind,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
-from hydra_plugins.hydratrain_optuna_sweeper.reporter import reporter_for_job
+from tests.own_sweep import sweep_own_app
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-OWN_APP = ROOT / "tests" / "own_app" / "own_app.py"
 STEPS = 6
 
 
@@ -44,39 +42,17 @@ def _odd(args: dict[str, object], schedule: ReportAxis | None) -> OddTrialsPrune
     return OddTrialsPruner(**args)  # type: ignore[arg-type]
 
 
-def _task(cfg: DictConfig) -> float:
-    """tests/own_app's loop: report every step, stop when the pruner says so."""
-    rep = reporter_for_job(cfg)
-    value = 0.0
-    for step in range(1, cfg.steps + 1):
-        value = (cfg.x - 2.0) ** 2 + 10.0 / step
-        if rep.report(step, {"val_loss": value}):
-            raise optuna.TrialPruned()
-    return value
-
-
 def _sweep(runner, tmp_path: Path, pruner: str) -> None:
-    sweep = runner(
-        calling_file=str(OWN_APP),
-        calling_module=None,
-        task_function=_task,
-        config_path=".",
-        config_name="config",
-        overrides=[
-            "hydra/sweeper=hydratrain_optuna",
-            "hydra/sweeper/sampler=random",
-            "hydra.job.chdir=false",
-            f"steps={STEPS}",
-            f"+hpo.pruner={pruner}",
-            "+hpo.pruner_args={after: 2}",
-            "+hpo.n_trials=4",
-            "+hpo.study_name=odd",
-            f"+hpo.storage={tmp_path / 'study.journal'}",
-        ],
-        temp_dir=str(tmp_path / "multirun"),  # the runner removes it at the end
-    )
-    with sweep:
-        pass
+    overrides = [
+        "hydra/sweeper/sampler=random",
+        f"steps={STEPS}",
+        f"+hpo.pruner={pruner}",
+        "+hpo.pruner_args={after: 2}",
+        "+hpo.n_trials=4",
+        "+hpo.study_name=odd",
+        f"+hpo.storage={tmp_path / 'study.journal'}",
+    ]
+    sweep_own_app(runner, tmp_path / "multirun", overrides)
 
 
 @pytest.fixture

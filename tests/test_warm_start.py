@@ -4,13 +4,11 @@ study; and every bad source is one line before anything is written."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
-from omegaconf import DictConfig
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -33,12 +31,10 @@ from hydra_plugins.hydratrain_optuna_sweeper._study._warm_start import (
     is_borrowed,
     plan_warm_start,
 )
-from hydra_plugins.hydratrain_optuna_sweeper.reporter import reporter_for_job
+from tests.own_sweep import sweep_own_app
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[1]
-OWN_APP = ROOT / "tests" / "own_app" / "own_app.py"
 SPACE = {
     "x": FloatDistribution(-8.0, 8.0),
     "n": IntDistribution(1, 9, step=2),
@@ -243,39 +239,18 @@ def test_several_objectives_enqueue_the_pareto_front_first_and_observe_both_valu
 # A sweep of an app of one's own (tests/own_app), in this process, warm-started.
 
 
-def _task(cfg: DictConfig) -> float:
-    rep = reporter_for_job(cfg)
-    value = 0.0
-    for step in range(1, cfg.steps + 1):
-        value = (cfg.x - 2.0) ** 2 + 10.0 / step
-        if rep.report(step, {"val_loss": value}):
-            raise optuna.TrialPruned()
-    return value
-
-
 def _sweep(runner, sweep_dir: Path, n: int, *extra: str) -> dict:
-    """The study's optimization_results.yaml, its journal copied to `sweep_dir` (the runner
-    removes its own directory when it ends)."""
+    """The study's optimization_results.yaml; the sweep's directory copied to `sweep_dir` (the
+    runner removes its own when it ends)."""
     work = sweep_dir.parent / f"{sweep_dir.name}-work"
-    sweep = runner(
-        calling_file=str(OWN_APP),
-        calling_module=None,
-        task_function=_task,
-        config_path=".",
-        config_name="config",
-        overrides=[
-            "hydra/sweeper=hydratrain_optuna",
-            "hydra.job.chdir=false",
-            "steps=6",
-            f"+hpo.n_trials={n}",
-            "+hpo.pruner=none",
-            "+hpo.sampler_args={n_startup_trials: 3}",
-            *extra,
-        ],
-        temp_dir=str(work),
-    )
-    with sweep:
-        shutil.copytree(work, sweep_dir)
+    overrides = [
+        "steps=6",
+        f"+hpo.n_trials={n}",
+        "+hpo.pruner=none",
+        "+hpo.sampler_args={n_startup_trials: 3}",
+        *extra,
+    ]
+    sweep_own_app(runner, work, overrides, keep=sweep_dir)
     return yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
 
 
