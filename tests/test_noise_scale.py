@@ -131,3 +131,41 @@ def test_an_overflowed_step_leaves_the_estimate_as_it_was():
     ns.small(torch.tensor(float("inf")), 4)  # fp16: the loss scale overflowed this step
     ns.step(torch.tensor(float("inf")))
     assert ns.value() == pytest.approx(before)
+
+
+def _noise_logged(run_dir) -> dict[int, float]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/noise_scale"] for r in lines if "train/noise_scale" in r}
+
+
+@pytest.mark.slow
+def test_a_resumed_run_goes_on_with_the_estimate_it_had(tmp_path):
+    """The averages are in the checkpoint: after a crash and a resume the run logs the noise
+    scale the uninterrupted run logs, step for step (it started again from nothing before)."""
+    from app.core.outcomes import TrainingOOM
+
+    base = tiny(
+        tmp_path,
+        "training.noise_scale=true",
+        "training.effective_batch_size=16",
+        "training.micro_batch_size=4",
+        "training.max_steps=10",
+        "training.log_every=1",
+        "training.checkpoint_every=4",
+    )
+    straight = run_training(config(base), tmp_path / "straight")
+    crash = [
+        "faults.oom_above_micro_batch=0",
+        "faults.oom_from_step=6",
+        "training.auto_batch.oom_recovery=false",
+    ]
+    with pytest.raises(TrainingOOM):
+        run_training(config([*base, *crash]), tmp_path / "first")
+    resumed = run_training(
+        config([*base, f"training.resume={tmp_path / 'first'}"]), tmp_path / "second"
+    )
+    start = resumed.resumed_from_step
+    assert 0 < start < 10
+    after = {s: v for s, v in _noise_logged(tmp_path / "straight").items() if s > start}
+    assert after and _noise_logged(tmp_path / "second") == after
+    assert resumed.noise_scale == straight.noise_scale

@@ -61,6 +61,16 @@ class NoiseScale:
         self.trace.mul_(self.beta).add_(trace, alpha=1 - self.beta)
         self.steps += 1
 
+    def state_dict(self) -> dict[str, float | int]:
+        """The averages as a checkpoint keeps them (plain numbers, exact: float64), so that a
+        resumed run goes on with the estimate it had (a host sync, as a checkpoint is)."""
+        return {"grad_sq": float(self.grad_sq), "trace": float(self.trace), "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        self.grad_sq.fill_(float(state["grad_sq"]))
+        self.trace.fill_(float(state["trace"]))
+        self.steps = int(state["steps"])
+
     def value(self) -> float | None:
         """B_simple in samples (a host sync); None before the first estimate, or while either
         smoothed estimate is not positive (too few steps to tell)."""

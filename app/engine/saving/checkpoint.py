@@ -56,6 +56,9 @@ class TrainState:
     rng: RngState = field(default_factory=RngState)
     scaler: dict[str, object] = field(default_factory=dict)
     plan: dict[str, object] = field(default_factory=dict)  # the batch plan it was trained with
+    # training.noise_scale's averages (NoiseScale.state_dict); empty without it, or written
+    # before they were kept (the estimate then starts again)
+    noise: dict[str, float | int] = field(default_factory=dict)
     # what shaped the model: a resume is checked against it
     config: dict[str, object] | None = None
     tokenizer_sha256: str | None = None  # which tokenizer the export pairs it with

@@ -82,6 +82,7 @@ def capture_small(run: Run, step: int) -> TrainState:
         rng=ckpt.rng_state(),
         scaler=run.scaler.state_dict() if run.scaler else {},
         plan=run.plan.as_dict(),
+        noise=run.noise.state_dict() if run.noise is not None else {},
         config=run.facts.identity,
         tokenizer_sha256=run.facts.tokenizer,
     )
@@ -101,5 +102,7 @@ def restore(run: Run, state: TrainState) -> None:
     run.scheduler.load_state_dict(state.scheduler)
     if run.scaler is not None and state.scaler:
         run.scaler.load_state_dict(state.scaler)
+    if run.noise is not None and state.noise:
+        run.noise.load_state_dict(state.noise)
     ckpt.set_rng_state(state.rng)
     run.start_step = int(state.step)
