@@ -181,6 +181,17 @@ def test_app_report_draws_a_study_of_plain_optuna(tmp_path, capsys):
     assert "Not drawn: no trial recorded its device-seconds" in html  # cost: nothing recorded
 
 
+def test_app_report_takes_a_warm_started_study_alone_whatever_its_name(tmp_path, capsys):
+    """Its warm start's claim (`<study>:hpo:warm_start`) is not a study to report, even where
+    the study's own name has a colon."""
+    storage = f"sqlite:///{tmp_path}/exp.db"
+    study = optuna.create_study(study_name="exp:1", storage=storage)
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    optuna.create_study(study_name="exp:1:hpo:warm_start", storage=storage)
+    assert report_main(["--storage", storage, "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "report.html").is_file()
+
+
 @pytest.mark.parametrize(
     ("args", "line"),
     [

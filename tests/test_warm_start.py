@@ -93,8 +93,8 @@ def test_enqueue_runs_the_best_configurations_first_once_per_study(tmp_path):
     assert warm is not None
     assert [p["x"] for p, _ in warm.enqueued] == [2.0, 1.0, 3.0]  # best first
     study = optuna.create_study(study_name="new", storage=journal(str(tmp_path / "new.journal")))
-    assert apply_warm_start(study, warm)
-    assert not apply_warm_start(study, warm)  # a rerun, another worker: the claim is taken
+    assert apply_warm_start(study, warm, str(tmp_path / "lock"))
+    assert not apply_warm_start(study, warm, None)  # a rerun, another worker: claimed
     spec = StorageSpec("journal", str(tmp_path / "new.journal"), "hpo.storage")
     assert already_borrowed(spec, "new", MASK) and not already_borrowed(spec, "other", MASK)
     waiting = study.get_trials(states=(TrialState.WAITING,))
@@ -108,7 +108,7 @@ def test_observed_trials_are_shown_to_the_sampler_but_not_counted(tmp_path):
     warm = _plan(_warm(_source(tmp_path), take="observe"))
     assert warm is not None and len(warm.observed) == 6
     study = optuna.create_study(study_name="new", storage=journal(str(tmp_path / "new.journal")))
-    apply_warm_start(study, warm)
+    apply_warm_start(study, warm, None)
     trials = study.get_trials(states=(TrialState.COMPLETE,))
     assert len(trials) == 6 and all(is_borrowed(t) for t in trials)
     assert count_toward_budget(trials) == 0  # not toward hpo.n_trials
@@ -168,6 +168,29 @@ def test_rungs_only_for_a_pruner_that_compares_reports(tmp_path):
     aim = Target(dict(SPACE), ["minimize"], ReportAxis(10, 100, "samples"))
     with pytest.raises(SweepConfigError, match="does not compare reports at a step"):
         plan_warm_start(cfg, aim, MASK)
+
+
+def test_a_value_a_rounding_away_from_this_space_is_taken_where_optuna_takes_it(tmp_path):
+    """An int searched as a float before, a float a hair past the range: mapped to the value
+    Optuna's own check accepts (a traceback from create_trial, or 2.9999999999 truncated to 2
+    by suggest_int, before)."""
+    space = {"n": IntDistribution(1, 10), "p": FloatDistribution(0.0, 0.1)}
+    assert _mapped({"n": 2.9999999999, "p": 0.1 + 1e-12}, space, "s") == ({"n": 3, "p": 0.1}, [])
+    path = str(tmp_path / "float.journal")
+    study = optuna.create_study(study_name="old", storage=journal(path))
+    dist = {"n": FloatDistribution(0.0, 20.0), "p": FloatDistribution(0.0, 1.0)}
+    for n in (3.0000000001, 7.5):
+        study.add_trial(
+            optuna.trial.create_trial(params={"n": n, "p": 0.05}, distributions=dist, value=n)
+        )
+    warm = plan_warm_start(_warm(path, take="observe"), Target(space, ["minimize"]), MASK)
+    assert warm is not None and [t.params for t in warm.observed] == [{"n": 3, "p": 0.05}]
+
+
+def test_a_rerun_of_a_study_on_a_missing_sqlite_file_creates_nothing(tmp_path):
+    spec = StorageSpec("url", f"sqlite:///{tmp_path}/study.db", "hpo.storage")
+    assert not already_borrowed(spec, "s", MASK)
+    assert list(tmp_path.iterdir()) == []
 
 
 def _bad_results(where: Path, text: str) -> WarmStartConfig:

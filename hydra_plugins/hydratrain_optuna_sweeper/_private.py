@@ -18,6 +18,8 @@ public ones built on it) are shown through a function, so that a line of trials 
 observation (`_lineage.observations`). On Optuna 4.x a sampler's `constraints_func` is stored
 after each trial it told in the system attr `_CONSTRAINTS_KEY`; a trial added finished (a warm
 start's borrowed one) never passes there, so `sampler_constraints` writes what it would have.
+Whether a value lies in a distribution is Optuna's private `_contains` (`contains`): a warm
+start maps earlier trials into a space with exactly the test `create_trial` will apply.
 
 tests/test_sweeper_private_api.py exercises each function on every storage kind; CI runs it on
 Optuna 4.x as well as the installed 5.x (.ci/run).
@@ -31,6 +33,7 @@ from collections.abc import Callable, Container, Iterator
 
 import optuna
 from hydra.core.utils import JobReturn, JobStatus
+from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
@@ -160,3 +163,12 @@ def sampler_constraints(values: list[float]) -> dict[str, object]:
     from optuna.samplers._base import _CONSTRAINTS_KEY
 
     return {_CONSTRAINTS_KEY: list(values)}
+
+
+def contains(dist: BaseDistribution, value: object) -> bool:
+    """`value` lies in `dist` as Optuna checks it (ints exact and on the step, floats in the
+    range and on the step within its tolerance, a categorical among the choices)."""
+    try:
+        return bool(dist._contains(dist.to_internal_repr(value)))
+    except (ValueError, TypeError):
+        return False

@@ -30,7 +30,10 @@ def write_study_report(storage: str, study_name: str | None, out: str | None) ->
         raise ReportError(str(e)) from None
     except Exception as e:
         raise ReportError(mask(f"--storage={storage!r} cannot be read: {e}")) from None
-    name = _pick(study_name, [n for n in names if ":" not in n] or names)
+    # A study's companions (`<study>:<metric>`) and its warm start's claim
+    # (`<study>:hpo:warm_start`) are not studies of their own to report.
+    own = [n for n in names if not any(n.startswith(f"{m}:") for m in names if m != n)]
+    name = _pick(study_name, own)
     study = optuna.load_study(study_name=name, storage=store)
     target = Path(out) if out else default_out(storage, name)
     from app.hpo import write_report

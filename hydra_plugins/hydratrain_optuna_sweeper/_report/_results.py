@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from app.hpo import BatchSizeStudyConfig, TrialAttrs
 
 from .._errors import NoTrialCompleted
+from .._study._best import own_best, own_front
 from .._study._warm_start import RECORD, is_borrowed
 
 if TYPE_CHECKING:
@@ -92,35 +93,6 @@ def summarize(
 
         data["batch_size_study"] = write_batch_study(study, batch_study, sweep_dir)
     return data
-
-
-def own_best(study: optuna.Study, complete: list[FrozenTrial]) -> FrozenTrial:
-    """study.best_trial among `complete` (a study that observed borrowed trials: its own)."""
-    sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
-    feasible = [t for t in complete if _feasible(t)] or complete
-    return min(feasible, key=lambda t: sign * float(t.value))  # type: ignore[arg-type]
-
-
-def own_front(study: optuna.Study, complete: list[FrozenTrial]) -> list[FrozenTrial]:
-    """study.best_trials among `complete`: the feasible trials no other one dominates."""
-    signs = [-1.0 if d == optuna.study.StudyDirection.MAXIMIZE else 1.0 for d in study.directions]
-    points = {t.number: [s * v for s, v in zip(signs, t.values, strict=True)] for t in complete}
-    feasible = [t for t in complete if _feasible(t)]
-
-    def dominated(a: list[float]) -> bool:
-        return any(
-            all(x <= y for x, y in zip(points[o.number], a, strict=True)) and points[o.number] != a
-            for o in feasible
-        )
-
-    return [t for t in feasible if not dominated(points[t.number])]
-
-
-def _feasible(t: FrozenTrial) -> bool:
-    """No constraint above zero (Optuna >= 5 records them; an OOM trial is infeasible)."""
-    constraints = getattr(t, "constraints", None) or {}
-    values = constraints.values() if isinstance(constraints, dict) else constraints
-    return all(v <= 0 for v in values)
 
 
 def write_results(

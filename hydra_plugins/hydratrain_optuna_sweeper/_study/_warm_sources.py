@@ -31,14 +31,27 @@ def open_source(entry: object, key: str, mask: Masker) -> tuple[optuna.Study, st
     return optuna.load_study(study_name=name, storage=storage), label
 
 
-def _check_exists(spec: StorageSpec, key: str) -> None:
-    """A journal file or SQLite database that is not there: opening it would create it."""
+def storage_exists(spec: StorageSpec) -> bool:
+    """A journal file or SQLite database is there (opening one that is not would create it);
+    any other storage is taken to be."""
+    path = sqlite_path(spec)
+    return path is None or Path(path).is_file()
+
+
+def sqlite_path(spec: StorageSpec) -> str | None:
+    """The file of a journal or of a SQLite URL (sqlite:///PATH, sqlite+DRIVER:///PATH?...)."""
     target = str(spec.target)
-    path = target if spec.kind == "journal" else None
-    if spec.kind == "url" and target.startswith("sqlite:///"):
-        path = target[len("sqlite:///") :]
-    if path is not None and not Path(path).is_file():
-        raise SweepConfigError(f"{key}: no study storage at {path}")
+    if spec.kind == "journal":
+        return target
+    scheme, sep, rest = target.partition(":///")
+    if spec.kind == "url" and sep and scheme.split("+")[0] == "sqlite":
+        return rest.partition("?")[0]
+    return None
+
+
+def _check_exists(spec: StorageSpec, key: str) -> None:
+    if not storage_exists(spec):
+        raise SweepConfigError(f"{key}: no study storage at {sqlite_path(spec)}")
 
 
 def _source(entry: object, key: str) -> tuple[StorageSpec, str]:

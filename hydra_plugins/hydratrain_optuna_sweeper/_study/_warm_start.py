@@ -21,15 +21,18 @@ there first (a fleet's workers share what was borrowed; a rerun borrows nothing 
   this study's.
 
 A trial a source borrowed itself is not borrowed again. The claim that makes it once per study
-is a study of its own, `<study>:warm_start`, which only one worker can create.
+is a study of its own, `<study>:hpo:warm_start`, which only one worker can create (under the
+budget lock on a journal; on a database the workers that lose wait until the winner has
+added what it borrowed). A claim without the record of what was borrowed (a worker killed
+while adding them) is said in a warning line; the sources are not read again.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import optuna
 from optuna.distributions import (
@@ -43,19 +46,21 @@ from optuna.trial import FrozenTrial, TrialState
 from app.hpo import ReportAxis, WarmStartConfig
 
 from .._errors import SweepConfigError
-from .._private import sampler_constraints, storage_of
+from .._private import contains, sampler_constraints, storage_of
 from .._pruners._kind import pruner_kind
 from .._pruners._lineage import UNCOUNTED
+from ._best import own_front
 from ._cost import BORROWED
 from ._samplers import OOM, TRIAL_CONSTRAINTS
 from ._settings import SweepSettings
-from ._shared import BUDGET, UNIT
+from ._shared import BUDGET, UNIT, budget_lock
 from ._storage import Masker, StorageSpec, open_storage
-from ._warm_sources import open_source
+from ._warm_sources import open_source, storage_exists
 
 log = logging.getLogger(__name__)
 
 KEY = "hpo.warm_start"
+WAIT_S = 60.0  # how long a worker waits for another's borrowed trials to appear
 TAKES = ("enqueue", "observe")
 FROM = "warm_start_from"  # user attr: "<study>#<trial number>" a trial was borrowed from
 RECORD = "hpo:warm_start"  # study user attr: what was borrowed, written once
@@ -106,7 +111,7 @@ def plan_warm_start(cfg: WarmStartConfig, target: Target, mask: Masker) -> Borro
     """The borrowed trials, or None for a cold start; one line for anything wrong."""
     if not cfg.studies:
         return None
-    _check_settings(cfg, target)
+    _check_settings(cfg, len(target.directions), target.compares_reports)
     borrowed = Borrowed(cfg.take, [])
     for i, entry in enumerate(cfg.studies):
         key = f"{KEY}.studies[{i}]"
@@ -144,6 +149,7 @@ def warm_start_for(
     study is touched; None for a cold start or a study warm-started already."""
     if s.warm_start is None or not s.warm_start.studies:
         return None
+    _check_settings(s.warm_start, len(s.directions))
     if already_borrowed(s.storage, s.study_name, mask):
         log.info("warm start: done in an earlier run of study %s", s.study_name)
         return None
@@ -154,7 +160,7 @@ def warm_start_for(
         schedule=schedule,
         compares_reports=pruner_kind(s.pruner).compares_reports,
         constraints=constraints,
-        cap=b.n_trials or max(1, math.floor(b.worth or 1)),
+        cap=max(0, (b.n_trials or max(1, math.floor(b.worth or 1))) - len(s.enqueue)),
     )
     warm = plan_warm_start(s.warm_start, target, mask)
     if warm is not None:
@@ -166,39 +172,61 @@ def warm_start_for(
 
 def claim(study_name: str) -> str:
     """The study whose creation claims the warm start of `study_name`."""
-    return f"{study_name}:warm_start"
+    return f"{study_name}:hpo:warm_start"
 
 
 def already_borrowed(spec: StorageSpec, study_name: str | None, mask: Masker) -> bool:
     """This study was warm-started in an earlier run (a rerun, or another worker's): its
-    sources are not read again."""
-    if spec.kind == "memory" or study_name is None:
+    sources are not read again. A journal file or SQLite database that is not there is not
+    opened (that would create it); a database server's storage is opened, as the sweep will."""
+    if spec.kind == "memory" or study_name is None or not storage_exists(spec):
         return False
-    if spec.kind == "journal" and not Path(str(spec.target)).is_file():
+    storage = open_storage(spec, mask)
+    if claim(study_name) not in optuna.get_all_study_names(storage):
         return False
-    return claim(study_name) in optuna.get_all_study_names(open_storage(spec, mask))
-
-
-def apply_warm_start(study: optuna.Study, borrowed: Borrowed) -> bool:
-    """Enqueue or add what was borrowed, once per study (whoever creates the claim first);
-    False where it was done already."""
-    try:
-        optuna.create_study(study_name=claim(study.study_name), storage=storage_of(study))
-    except optuna.exceptions.DuplicatedStudyError:
-        return False
-    for params, source in borrowed.enqueued:
-        study.enqueue_trial(params, user_attrs={FROM: source})
-    for trial in borrowed.observed:
-        study.add_trial(trial)
-    study.set_user_attr(RECORD, borrowed.record())
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    if RECORD not in study.user_attrs:
+        log.warning(
+            "warm start: study %s was claimed but what it borrowed was never recorded (a worker "
+            "killed while adding it?): going on with what it holds",
+            study_name,
+        )
     return True
+
+
+def apply_warm_start(study: optuna.Study, borrowed: Borrowed, lock_path: str | None) -> bool:
+    """Enqueue or add what was borrowed, once per study (whoever creates the claim first);
+    False where another worker or an earlier run did, once what it borrowed is in."""
+    with budget_lock(lock_path):
+        try:
+            optuna.create_study(study_name=claim(study.study_name), storage=storage_of(study))
+        except optuna.exceptions.DuplicatedStudyError:
+            _wait_for_record(study)
+            return False
+        for params, source in borrowed.enqueued:
+            study.enqueue_trial(params, user_attrs={FROM: source})
+        for trial in borrowed.observed:
+            study.add_trial(trial)
+        study.set_user_attr(RECORD, borrowed.record())
+    return True
+
+
+def _wait_for_record(study: optuna.Study, timeout_s: float = WAIT_S) -> None:
+    """On a database another worker may be adding the borrowed trials right now: a first
+    trial asked before they are in would be drawn cold."""
+    deadline = time.monotonic() + timeout_s
+    while RECORD not in study.user_attrs:
+        if time.monotonic() > deadline:
+            log.warning("warm start: another worker claimed it and added nothing in %g s", WAIT_S)
+            return
+        time.sleep(0.5)
 
 
 def is_borrowed(t: FrozenTrial) -> bool:
     return t.user_attrs.get("reason") == BORROWED
 
 
-def _check_settings(cfg: WarmStartConfig, target: Target) -> None:
+def _check_settings(cfg: WarmStartConfig, objectives: int, compares_reports: bool = True) -> None:
     if cfg.take not in TAKES:
         raise SweepConfigError(
             f"{KEY}.take={cfg.take!r} is not allowed; choose one of: {', '.join(TAKES)}"
@@ -209,7 +237,7 @@ def _check_settings(cfg: WarmStartConfig, target: Target) -> None:
         return
     if cfg.take != "observe":
         raise SweepConfigError(f"{KEY}.rungs=true brings observed reports: needs take=observe")
-    if not target.compares_reports or len(target.directions) != 1:
+    if not compares_reports or objectives != 1:
         raise SweepConfigError(
             f"{KEY}.rungs=true: this study's pruner does not compare reports at a step "
             "(hpo.pruner=median does, for one objective); set rungs=false"
@@ -222,12 +250,13 @@ def _enqueue_best(
     for t in _best(done, study)[:top_k]:
         source = f"{study.study_name}#{t.number}"
         params, notes = _mapped(t.params, target.space, source)
+        if not params or params in [p for p, _ in borrowed.enqueued]:
+            continue
         if len(borrowed.enqueued) >= target.cap:
             borrowed.notes.append(f"{source}: not enqueued, the budget holds {target.cap} trials")
             continue
         borrowed.notes += notes
-        if params and params not in [p for p, _ in borrowed.enqueued]:
-            borrowed.enqueued.append((params, source))
+        borrowed.enqueued.append((params, source))
 
 
 def _best(done: list[FrozenTrial], study: optuna.Study) -> list[FrozenTrial]:
@@ -235,7 +264,7 @@ def _best(done: list[FrozenTrial], study: optuna.Study) -> list[FrozenTrial]:
     if len(study.directions) == 1:
         sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
         return sorted(done, key=lambda t: sign * float(t.value))  # type: ignore[arg-type]
-    front = {t.number for t in study.best_trials}
+    front = {t.number for t in own_front(study, done)}
     return sorted(done, key=lambda t: (t.number not in front, t.number))
 
 
@@ -257,9 +286,11 @@ def _mapped(
 
 
 def _fit(value: object, dist: BaseDistribution) -> tuple[object | None, str | None]:
+    """`value` in `dist`: as it is where Optuna finds it inside, else clipped into the range and
+    onto its grid (a rounding's worth away: no line), or None where no number can stand in."""
+    if contains(dist, value):
+        return value, None
     if isinstance(dist, CategoricalDistribution):
-        if value in dist.choices:
-            return value, None
         return None, "is not a choice here: left to the sampler"
     if not isinstance(value, int | float) or isinstance(value, bool):
         return None, "is not a number: left to the sampler"
@@ -269,9 +300,10 @@ def _fit(value: object, dist: BaseDistribution) -> tuple[object | None, str | No
         fitted = dist.low + round((fitted - dist.low) / dist.step) * dist.step
         fitted = min(fitted, dist.high)
     out: int | float = round(fitted) if isinstance(dist, IntDistribution) else fitted
-    if math.isclose(out, float(value), rel_tol=1e-9, abs_tol=1e-12):
-        return value, None  # inside: as it was (a grid's value up to rounding)
-    return out, f"clipped to {out!r}"
+    if not contains(dist, out):
+        return None, "does not fit this range: left to the sampler"
+    close = math.isclose(out, float(value), rel_tol=1e-9, abs_tol=1e-12)
+    return out, None if close else f"clipped to {out!r}"
 
 
 def _check_comparable(
@@ -296,7 +328,7 @@ def _check_comparable(
 
 
 def _inside(value: object, dist: BaseDistribution) -> bool:
-    """`value` lies in `dist` as it is (a grid's value up to rounding)."""
+    """`value` lies in `dist` as it is, or a rounding's worth away from its grid."""
     fitted, note = _fit(value, dist)
     return note is None and fitted is not None
 
@@ -309,7 +341,7 @@ def _observe(
         if not all(k in t.params and _inside(t.params[k], d) for k, d in space.items()):
             left_out += 1
             continue
-        params = {k: t.params[k] for k in space}
+        params = {k: _fit(t.params[k], d)[0] for k, d in space.items()}
         trial = optuna.trial.create_trial(
             params=params,
             distributions=dict(space),

@@ -125,7 +125,7 @@ class Worker:
                     for params in first:
                         self.study.enqueue_trial(params)
         warm = self.plan.warm  # after hpo.enqueue's, once per study (a rerun borrows nothing)
-        if warm is not None and apply_warm_start(self.study, warm):
+        if warm is not None and apply_warm_start(self.study, warm, lock):
             log.info("%s: done", warm.describe())
 
     def _next_batch(self) -> bool:
