@@ -82,7 +82,7 @@ def test_renaming_a_summary_field_is_caught_by_the_type_checker_at_every_reader(
         ROOT / ".mypy_cache"
     ).is_dir():  # the checkout's own run (CI's): only what changed is checked
         shutil.copytree(ROOT / ".mypy_cache", tmp_path / ".mypy_cache")
-    summary = tmp_path / "app" / "engine" / "summary.py"
+    summary = tmp_path / "app" / "engine" / "records" / "summary.py"
     text = summary.read_text()
     assert "    tokens_per_sec: float | None = None" in text
     summary.write_text(text.replace("    tokens_per_sec: float", "    tokens_per_second: float"))
