@@ -3,6 +3,8 @@ goals judged from it, and the Trainer study drawing the sweeper's configurations
 
 from __future__ import annotations
 
+import json
+
 import optuna
 import pytest
 
@@ -128,6 +130,22 @@ def test_the_default_study_goals_follow_the_issue_with_their_figures():
     late = _study(700.0, [_row(0, 1.005, 1400.0)])
     g = default_goals({"none": none, "default": late, "trainer": slow_peer}, 1.2, 0.99)
     assert [goal["met"] for goal in g.values()] == [False, False, False, False]
+
+
+def test_a_default_study_run_takes_only_the_grid_and_the_trainer_from_an_earlier_log():
+    """Those two do not depend on the sweeper's sampler or pruner; the sweeper's own studies of
+    the earlier run must run again under the new settings, so they are never taken."""
+    from app.bench.studies.default_study import earlier_studies
+
+    grid, trainer = _study(10.0, [_row(0, 0.5, 1.0)]), _study(20.0, [_row(0, 0.6, 2.0)])
+    log = "\n".join([
+        "grid: " + json.dumps(grid),
+        "seed 0 none: " + json.dumps(_study(30.0, [])),
+        "seed 0 default: " + json.dumps(_study(40.0, [])),
+        "seed 1 trainer: " + json.dumps(trainer),
+        "[W] a warning line: {not json}",
+    ])  # fmt: skip
+    assert earlier_studies(log) == {"grid": grid, "seed 1 trainer": trainer}
 
 
 def test_a_trainer_trial_under_a_data_budget_trains_the_sweepers_data_at_its_batch():

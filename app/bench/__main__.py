@@ -11,7 +11,11 @@ from pathlib import Path
 
 from app.bench import __doc__ as package_doc
 from app.bench.studies.batch_budget import batch_budget_table, run_batch_budget_bench
-from app.bench.studies.default_study import default_study_table, run_default_study_bench
+from app.bench.studies.default_study import (
+    default_study_table,
+    earlier_studies,
+    run_default_study_bench,
+)
 from app.bench.studies.fleet import fleet_table, run_fleet_bench
 from app.bench.studies.hpo import hpo_table, run_hpo_bench
 from app.bench.studies.hpo_peers import CONTENDERS as HPO_PEERS
@@ -74,7 +78,8 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         warm = run_warm_start_bench(args.overrides, _seeds(args), pairs, args.take)
         return {"machine": machine_info(), **warm}, warm_start_table(warm)
     if args.default_study:
-        study = run_default_study_bench(args.overrides, _seeds(args))
+        reuse = earlier_studies(Path(args.reuse).read_text()) if args.reuse else None
+        study = run_default_study_bench(args.overrides, _seeds(args), reuse)
         return {"machine": machine_info(), **study}, default_study_table(study)
     if args.sampler_choice:
         arms = args.arms.split(",") if args.arms else list(SAMPLER_ARMS)
@@ -142,6 +147,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--warm-start",
         action="store_true",
         help="the default study warm-started from a related one, against the same started cold",
+    )
+    p.add_argument(
+        "--reuse", help="default-study: take the grid and Trainer studies from this earlier stderr"
     )
     p.add_argument("--pairs", help=f"warm-start: comma-separated subset of {','.join(WARM_PAIRS)}")
     p.add_argument("--take", default="enqueue", help="warm-start: enqueue | observe")

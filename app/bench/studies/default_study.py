@@ -28,6 +28,7 @@ study pays for probing and each batch size trains with the same micro-batch ever
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tempfile
 from typing import TYPE_CHECKING, TypedDict
@@ -65,23 +66,43 @@ class DefaultStudyReport(TypedDict):
     seeds: list[SeedRun]
 
 
-def run_default_study_bench(extra: list[str], seeds: list[int]) -> DefaultStudyReport:
+def run_default_study_bench(
+    extra: list[str], seeds: list[int], reuse: dict[str, StudyResult] | None = None
+) -> DefaultStudyReport:
+    """`reuse`: the grid's and the Trainer's studies of an earlier run (`earlier_studies`), taken
+    instead of run again. Neither depends on this sweeper's sampler or pruner, so a run that
+    measures another setting of those (the extra overrides) need not pay for them twice."""
+    reuse = reuse or {}
     with tempfile.TemporaryDirectory(prefix="bench-default-") as shared:
         common = [*STUDY, f"training.auto_batch.cache_dir={shared}/autobatch", *extra]
-        grid = _logged("grid", run_study([*common, *GRID]))
+        grid = reuse.get("grid") or _logged("grid", run_study([*common, *GRID]))
         best = grid["best_value"]
         if best is None:
             raise SystemExit("--default-study: no run of the grid completed")
-        runs = [_seed_run(common, seed, best) for seed in seeds]
+        runs = [_seed_run(common, seed, best, reuse.get(f"seed {seed} trainer")) for seed in seeds]
     return {"samples": data_budget(common), "grid": grid, "grid_best": best, "seeds": runs}
 
 
-def _seed_run(common: list[str], seed: int, grid_best: float) -> SeedRun:
+REUSABLE = re.compile(r"^(grid|seed \d+ trainer): (\{.*\})$")
+
+
+def earlier_studies(log: str) -> dict[str, StudyResult]:
+    """The grid and Trainer studies an earlier run printed on stderr (`_logged`), by name."""
+    found: dict[str, StudyResult] = {}
+    for line in log.splitlines():
+        if m := REUSABLE.match(line):
+            found[m[1]] = json.loads(m[2])
+    return found
+
+
+def _seed_run(
+    common: list[str], seed: int, grid_best: float, trainer: StudyResult | None
+) -> SeedRun:
     seeded = [*common, f"hpo.seed={seed}"]
     studies = {
         "none": _logged(f"seed {seed} none", run_study([*seeded, "hpo.pruner=none"])),
         "default": _logged(f"seed {seed} default", run_study(seeded)),
-        "trainer": _logged(f"seed {seed} trainer", run_trainer_study(seeded, seed)),
+        "trainer": trainer or _logged(f"seed {seed} trainer", run_trainer_study(seeded, seed)),
     }
     done = [t for t in studies["default"]["trials"] if t["state"] == "COMPLETE"]
     pick = min(done, key=lambda t: t["value"] or float("inf"))["params"] if done else {}
