@@ -99,6 +99,9 @@ def test_the_curves_are_drawn_one_trace_per_ending_and_the_timeline_one_row_per_
     timeline = figures.timeline(record, study)
     rows = {row for trace in timeline.data for row in trace.y}
     assert rows == {"worker 0 (GPU 0)", "worker 1 (GPU 1)"}
+    # one bar per trial that ran: trial 7 (a surplus trial failed unrun) is not one
+    bars = sorted(bar for trace in timeline.data for bar in trace.text)
+    assert bars == [f"trial {n}" for n in range(7)]
 
 
 def test_what_pruning_saved_is_counted_at_each_stopped_lines_own_rate():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,6 +80,42 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypa
     names = sorted(p.name for p in ckpt.list_checkpoints(tmp_path))
     assert names == ["step_00000001.pt"]
     assert torch.load(tmp_path / names[0], weights_only=True)["step"] == 1
+
+
+def test_a_checkpoint_is_on_disk_before_its_name_and_its_name_before_the_old_ones_go(
+    tmp_path, monkeypatch
+):
+    """A power cut must find the new checkpoint whole or the old ones there: the file's bytes
+    are flushed (fsync) before the rename gives it its name, and the directory (the rename)
+    before the checkpoint it replaces is deleted."""
+    ckpt.save_checkpoint(tmp_path, 1, ckpt.TrainState(model={}, step=1), keep=1)
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace, real_unlink = os.fsync, os.replace, Path.unlink
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", Path(os.readlink(f"/proc/self/fd/{fd}")).name))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        events.append(("rename", Path(dst).name))
+        real_replace(src, dst)
+
+    def unlink(path: Path, missing_ok: bool = False) -> None:
+        events.append(("delete", path.name))
+        real_unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    ckpt.save_checkpoint(tmp_path, 2, ckpt.TrainState(model={}, step=2), keep=1)
+    written = events[0][1]
+    assert written.startswith(".step_00000002.pt.") and written.endswith(".tmp")
+    assert events == [
+        ("fsync", written),  # the bytes, under the temporary name
+        ("rename", "step_00000002.pt"),
+        ("fsync", tmp_path.name),  # the rename
+        ("delete", "step_00000001.pt"),
+    ]
 
 
 class _Evil:

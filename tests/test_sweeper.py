@@ -309,6 +309,19 @@ def test_stock_keys_take_precedence_with_their_stock_meaning():
     assert _settings(n_trials=4).budget == type(s.budget)(4, False, "hpo.n_trials")
 
 
+@pytest.mark.parametrize(
+    "direction, hpo",
+    [("maximize", None), (["maximize", "minimize"], None), ("maximize", {"direction": "minimize"})],
+    ids=["stock-node", "stock-node-two", "over-hpo-direction"],
+)
+def test_the_stock_direction_is_the_studys_whatever_hpo_direction_says(direction, hpo):
+    """Every stock example minimizes, so a stock `maximize` ignored would go unseen there."""
+    stock = StockOptions.of({"direction": direction}, stock_node=hpo is None)
+    s = read_settings(stock, None if hpo is None else _hpo(**hpo), "/tmp/sweep")
+    assert s.directions == ([direction] if isinstance(direction, str) else direction)
+    assert s.direction_key == "hydra.sweeper.direction"
+
+
 def test_the_stock_node_means_in_memory_and_a_fresh_study():
     s = read_settings(
         StockOptions(True, {"n_trials": 20, "direction": "minimize"}), None, "/tmp/sweep"
