@@ -355,13 +355,28 @@ def test_every_argument_of_the_installed_sampler_is_reachable_through_sampler_ar
 
 
 def test_hpo_sampler_tpe_is_the_measured_tpe_whatever_the_optuna_version():
-    """hpo.sampler=tpe (the default study's): univariate, 10 start-up trials, constant liar,
-    as chosen by `python -m app.bench --sampler-choice`, on Optuna 4.x (whose TPE defaults
-    are univariate without constant liar) and 5 (multivariate with it) alike; sampler_args wins."""
-    tpe = _build("tpe")
-    assert (tpe._multivariate, tpe._constant_liar, tpe._n_startup_trials) == (False, True, 10)
-    mine = _build("tpe", sampler_args={"multivariate": True, "n_startup_trials": 5})
-    assert (mine._multivariate, mine._constant_liar, mine._n_startup_trials) == (True, True, 5)
+    """hpo.sampler=tpe (the default study's): univariate, constant liar, 5 start-up trials for
+    the default budget, as chosen by `python -m app.bench --sampler-choice` and
+    `--default-study`, on Optuna 4.x (whose TPE defaults are univariate without constant liar)
+    and 5 (multivariate with it) alike; sampler_args wins."""
+    tpe = _build("tpe", n_trials=None)  # the default budget: 20 full trials' worth
+    assert (tpe._multivariate, tpe._constant_liar, tpe._n_startup_trials) == (False, True, 5)
+    mine = _build("tpe", sampler_args={"multivariate": True, "n_startup_trials": 7})
+    assert (mine._multivariate, mine._constant_liar, mine._n_startup_trials) == (True, True, 7)
+
+
+@pytest.mark.parametrize(
+    "over, startup",
+    [
+        ({"n_trials": None}, 5),  # 20 full trials' worth
+        ({"n_trials": None, "budget_trials": 100}, 10),  # never more than Optuna's own
+        ({"n_trials": None, "budget_trials": 2.5}, 1),
+        ({"n_trials": 8}, 2),
+        ({"n_trials": 60}, 10),
+    ],
+)
+def test_tpes_random_start_up_is_a_quarter_of_the_budget_at_most_optunas_ten(over, startup):
+    assert _build("tpe", **over)._n_startup_trials == startup
 
 
 def test_the_stock_sampler_node_keeps_the_stock_fields():

@@ -12,7 +12,9 @@ The arms spell every argument they depend on, so that they mean the same whateve
 of `hpo=optuna` is:
 
 - `tpe-before`: TPE as `hpo.sampler=tpe` configured it before (the stock config's fields:
-  univariate, 10 random start-up trials; constant liar as the installed Optuna defaults it);
+  univariate, 10 random start-up trials) with constant liar;
+- `tpe-now`: the same with 5 start-up trials, as `hpo.sampler=tpe` configures it for the
+  default budget of 20 (a quarter of the budget; _study/_samplers.py, `startup_trials`);
 - `tpe-optuna5`: TPE as Optuna 5 configures it: multivariate, constant liar, 10 start-up trials
   (`group` changes nothing in a space without conditional parameters: it splits the space into
   the groups of parameters sampled together, and here there is one);
@@ -38,7 +40,14 @@ from app.bench.studies.hpo import STUDY as BENCH_STUDY
 from app.bench.studies.hpo import StudyResult, run_study
 
 ARMS: dict[str, list[str]] = {
-    "tpe-before": ["hpo.sampler=tpe", "hpo.sampler_args={multivariate:false}"],
+    "tpe-before": [
+        "hpo.sampler=tpe",
+        "hpo.sampler_args={multivariate:false,constant_liar:true,n_startup_trials:10}",
+    ],
+    "tpe-now": [
+        "hpo.sampler=tpe",
+        "hpo.sampler_args={multivariate:false,constant_liar:true,n_startup_trials:5}",
+    ],
     "tpe-optuna5": [
         "hpo.sampler=tpe",
         "hpo.sampler_args={multivariate:true,constant_liar:true,n_startup_trials:10}",

@@ -190,17 +190,22 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
     metrics = _metrics(h.metric) if hpo else None
     legacy = _legacy_search_space(stock)
     stock_sampler, n_jobs = stock.get("sampler"), stock.get("n_jobs")
+    budget = _trial_budget(stock, h)
     s = SweepSettings(
         study_name=_study_name(stock, h),
         storage=_storage(stock, h, sweep_dir),
-        budget=_trial_budget(stock, h),
+        budget=budget,
         n_jobs=_count(1 if n_jobs is None else n_jobs, "hydra.sweeper.n_jobs"),
         directions=_directions(direction, direction_key, metrics),
         direction_key=direction_key,
         metrics=metrics,
         report_metric=h.report_metric if hpo else None,
         sampler=sampler_node(
-            stock_sampler, h.sampler, mapping(h.sampler_args, "hpo.sampler_args"), h.seed
+            stock_sampler,
+            h.sampler,
+            mapping(h.sampler_args, "hpo.sampler_args"),
+            h.seed,
+            budget.n_trials if budget.n_trials is not None else budget.worth,
         ),
         sampler_key="hpo.sampler" if stock_sampler is None else "hydra.sweeper.sampler",
         pruner=h.pruner,
