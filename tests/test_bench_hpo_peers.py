@@ -146,6 +146,16 @@ def test_a_default_study_run_takes_only_the_grid_and_the_trainer_from_an_earlier
         "[W] a warning line: {not json}",
     ])  # fmt: skip
     assert earlier_studies(log) == {"grid": grid, "seed 1 trainer": trainer}
+    unpruned = earlier_studies(log, unpruned=True)
+    assert unpruned == {"grid": grid, "seed 0 none": _study(30.0, []), "seed 1 trainer": trainer}
+
+
+def test_the_unpruned_study_is_reused_only_for_a_change_of_the_pruner():
+    from app.bench.studies.default_study import check_pruner_only
+
+    check_pruner_only(["hpo.pruner=asha", "++hpo.pruner_args={reduction_factor:4}"])
+    with pytest.raises(SystemExit, match=r"'hpo.sampler_args=\{n_startup_trials:3\}' would"):
+        check_pruner_only(["hpo.pruner=asha", "hpo.sampler_args={n_startup_trials:3}"])
 
 
 def test_a_trainer_trial_under_a_data_budget_trains_the_sweepers_data_at_its_batch():

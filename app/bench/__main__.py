@@ -12,6 +12,7 @@ from pathlib import Path
 from app.bench import __doc__ as package_doc
 from app.bench.studies.batch_budget import batch_budget_table, run_batch_budget_bench
 from app.bench.studies.default_study import (
+    check_pruner_only,
     default_study_table,
     earlier_studies,
     run_default_study_bench,
@@ -78,7 +79,10 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         warm = run_warm_start_bench(args.overrides, _seeds(args), pairs, args.take)
         return {"machine": machine_info(), **warm}, warm_start_table(warm)
     if args.default_study:
-        reuse = earlier_studies(Path(args.reuse).read_text()) if args.reuse else None
+        if args.reuse_unpruned:
+            check_pruner_only(args.overrides)
+        log = Path(args.reuse).read_text() if args.reuse else ""
+        reuse = earlier_studies(log, unpruned=args.reuse_unpruned)
         study = run_default_study_bench(args.overrides, _seeds(args), reuse)
         return {"machine": machine_info(), **study}, default_study_table(study)
     if args.sampler_choice:
@@ -150,6 +154,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--reuse", help="default-study: take the grid and Trainer studies from this earlier stderr"
+    )
+    p.add_argument(
+        "--reuse-unpruned",
+        action="store_true",
+        help="default-study: its unpruned studies too (overrides of hpo.pruner* only)",
     )
     p.add_argument("--pairs", help=f"warm-start: comma-separated subset of {','.join(WARM_PAIRS)}")
     p.add_argument("--take", default="enqueue", help="warm-start: enqueue | observe")

@@ -79,30 +79,45 @@ def run_default_study_bench(
         best = grid["best_value"]
         if best is None:
             raise SystemExit("--default-study: no run of the grid completed")
-        runs = [_seed_run(common, seed, best, reuse.get(f"seed {seed} trainer")) for seed in seeds]
+        runs = [_seed_run(common, seed, best, reuse) for seed in seeds]
     return {"samples": data_budget(common), "grid": grid, "grid_best": best, "seeds": runs}
 
 
 REUSABLE = re.compile(r"^(grid|seed \d+ trainer): (\{.*\})$")
+UNPRUNED = re.compile(r"^(seed \d+ none): (\{.*\})$")
 
 
-def earlier_studies(log: str) -> dict[str, StudyResult]:
-    """The grid and Trainer studies an earlier run printed on stderr (`_logged`), by name."""
+def earlier_studies(log: str, unpruned: bool = False) -> dict[str, StudyResult]:
+    """The grid and Trainer studies an earlier run printed on stderr (`_logged`), by name;
+    with `unpruned`, its unpruned studies too (for a run that changes only the pruner, which
+    the unpruned study does not have)."""
     found: dict[str, StudyResult] = {}
     for line in log.splitlines():
-        if m := REUSABLE.match(line):
+        if (m := REUSABLE.match(line)) or (unpruned and (m := UNPRUNED.match(line))):
             found[m[1]] = json.loads(m[2])
     return found
 
 
+def check_pruner_only(overrides: list[str]) -> None:
+    """Reusing the unpruned study is only right for overrides its result cannot depend on."""
+    other = [o for o in overrides if not o.lstrip("+~").startswith("hpo.pruner")]
+    if other:
+        raise SystemExit(
+            f"--reuse-unpruned: {other[0]!r} would change the unpruned study too; only "
+            "hpo.pruner and hpo.pruner_args may be set with it"
+        )
+
+
 def _seed_run(
-    common: list[str], seed: int, grid_best: float, trainer: StudyResult | None
+    common: list[str], seed: int, grid_best: float, reuse: dict[str, StudyResult]
 ) -> SeedRun:
     seeded = [*common, f"hpo.seed={seed}"]
     studies = {
-        "none": _logged(f"seed {seed} none", run_study([*seeded, "hpo.pruner=none"])),
+        "none": reuse.get(f"seed {seed} none")
+        or _logged(f"seed {seed} none", run_study([*seeded, "hpo.pruner=none"])),
         "default": _logged(f"seed {seed} default", run_study(seeded)),
-        "trainer": trainer or _logged(f"seed {seed} trainer", run_trainer_study(seeded, seed)),
+        "trainer": reuse.get(f"seed {seed} trainer")
+        or _logged(f"seed {seed} trainer", run_trainer_study(seeded, seed)),
     }
     done = [t for t in studies["default"]["trials"] if t["state"] == "COMPLETE"]
     pick = min(done, key=lambda t: t["value"] or float("inf"))["params"] if done else {}
