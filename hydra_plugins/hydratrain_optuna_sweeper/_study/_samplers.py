@@ -55,7 +55,7 @@ def sampler_node(
     sampler: str,
     args: Mapping[str, object],
     seed: int | None,
-    trials: float | None = None,
+    trials: float | None,
 ) -> DictConfig:
     """The sampler's config node: hydra.sweeper.sampler when set (the stock config, its fields
     and defaults), else hpo.sampler with hpo.sampler_args (`args`) as its arguments, checked
