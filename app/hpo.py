@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from app.components.hardware.sharing import SharedGpu, shared_gpu
 from app.components.hardware.visible import visible_gpus
-from app.config.budget import ReportAxis
+from app.config.budget import BudgetUnit, ReportAxis
 from app.config.compose import one_line
 from app.config.hpo import BatchSizeStudyConfig, HpoConfig, WarmStartConfig
 from app.config.jobs import check_job_config, report_axis_of, task_of
@@ -41,6 +41,7 @@ __all__ = [
     "RUN_METRICS",
     "BatchSizeStudyConfig",
     "BatchTrial",
+    "BudgetUnit",
     "Ending",
     "HpoConfig",
     "NullReporter",

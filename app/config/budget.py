@@ -23,6 +23,7 @@ sqrt: Malladi et al. 2022, for Adam-type optimizers).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,7 +36,19 @@ if TYPE_CHECKING:
 # The budget when none is set: this many optimizer steps (training.default_budget=steps), or
 # the data this many steps of training.reference_batch see (=data).
 DEFAULT_MAX_STEPS = 300
-UNITS = ("steps", "samples", "tokens")
+
+
+class BudgetUnit(enum.StrEnum):
+    """What a budget, its schedule and a study's report axis count. A str, so summary.json and
+    a study's attributes keep the word; compared by identity in the code."""
+
+    STEPS = "steps"
+    SAMPLES = "samples"
+    TOKENS = "tokens"
+
+
+# (the setting's name, its unit, the budget in that unit)
+Setting = tuple[str, BudgetUnit, int]
 
 
 @dataclass(frozen=True)
@@ -43,7 +56,7 @@ class TrainBudget:
     """One run's schedule at its effective batch. `unit` is what the budget and the report axis
     count (steps, samples or tokens); `per_step` how many of them one optimizer step is."""
 
-    unit: str
+    unit: BudgetUnit
     batch: int  # the effective batch: samples per optimizer step, all ranks
     setting: str  # the setting the budget came from: training.max_steps | max_samples | ...
     total: int  # the budget, in `unit`
@@ -102,7 +115,7 @@ class TrainBudget:
         """Where step `done` reports on the study's axis: each mark it crossed (the same marks
         for every batch size; one step of a large batch may cross several, and a pruner's rung
         may be any of them), the budget itself at the last step."""
-        if self.unit == "steps" or done == 0:
+        if self.unit is BudgetUnit.STEPS or done == 0:
             return [min(done, self.total)]
         every = self.eval_every
         crossed = range(self.seen(done - 1) // every + 1, self.seen(done) // every + 1)
@@ -124,7 +137,7 @@ class TrainBudget:
 
     def describe(self) -> str:
         """The banner's line: where the steps came from."""
-        if self.unit == "steps":
+        if self.unit is BudgetUnit.STEPS:
             return f"{self.max_steps:,} steps ({self.setting}) of {self.batch} samples"
         seen = self.seen(self.max_steps)
         over = f", {seen:,} {self.unit} seen" if seen != self.total else ""
@@ -143,7 +156,7 @@ class ReportAxis:
 
     every: int
     last: int
-    unit: str = "steps"
+    unit: BudgetUnit = BudgetUnit.STEPS
 
 
 def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> TrainBudget:
@@ -152,18 +165,24 @@ def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> TrainBudget:
     setting, unit, total = _budget_setting(t, tokens_per_sample)
     batch, ref = t.effective_batch_size, t.reference_batch
     tokens = tokens_per_sample or 0  # checked above: set wherever the unit is tokens
-    per_step = {"steps": 1, "samples": batch, "tokens": batch * tokens}[unit]
+    per_step = {BudgetUnit.STEPS: 1, BudgetUnit.SAMPLES: batch, BudgetUnit.TOKENS: batch * tokens}[
+        unit
+    ]
     max_steps = math.ceil(total / per_step)
 
     def interval(steps: int) -> int:
         """A count of reference steps as an interval in `unit`."""
-        if unit == "steps":
+        if unit is BudgetUnit.STEPS:
             return steps
-        return steps * ref * (tokens if unit == "tokens" else 1)
+        return steps * ref * (tokens if unit is BudgetUnit.TOKENS else 1)
+
+    def steps_of(warmup: int) -> float:
+        """Reference steps as (fractional) steps of this run: the warm-up's data."""
+        return warmup if unit is BudgetUnit.STEPS else interval(warmup) / per_step
 
     def steps_here(steps: int) -> int:
         """A count of reference steps as steps of this run (at least one when asked for)."""
-        if unit == "steps" or steps == 0:
+        if unit is BudgetUnit.STEPS or steps == 0:
             return steps
         return max(1, round(steps * ref / batch))
 
@@ -178,7 +197,7 @@ def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> TrainBudget:
         total=total,
         per_step=per_step,
         max_steps=max_steps,
-        warmup_steps=t.warmup_steps if unit == "steps" else interval(t.warmup_steps) / per_step,
+        warmup_steps=steps_of(t.warmup_steps),
         eval_every=interval(t.eval_every),
         log_every=interval(t.log_every),
         checkpoint_every=interval(t.checkpoint_every),
@@ -207,13 +226,13 @@ def check_budget(t: TrainingConfig, tokens_per_sample: int | None) -> None:
 
 
 def _length(budget: TrainBudget) -> str:
-    steps = "" if budget.unit == "steps" else f": {budget.max_steps} steps"
+    steps = "" if budget.unit is BudgetUnit.STEPS else f": {budget.max_steps} steps"
     return f"{budget.setting}={budget.total}{steps}"
 
 
 def _last_start(t: TrainingConfig, budget: TrainBudget) -> str:
     """The last profiler start_step of this run, in the unit the setting is read in."""
-    if budget.unit == "steps":
+    if budget.unit is BudgetUnit.STEPS:
         return str(budget.max_steps - 1)
     ref, batch = t.reference_batch, t.effective_batch_size
     s = math.floor(budget.max_steps * batch / ref) + 1
@@ -253,14 +272,14 @@ def lr_factor(scaling: str, batch: int, reference: int) -> float:
     return 1.0
 
 
-def _budget_setting(t: TrainingConfig, tokens_per_sample: int | None) -> tuple[str, str, int]:
+def _budget_setting(t: TrainingConfig, tokens_per_sample: int | None) -> Setting:
     """(setting, unit, total) of the one budget set; two set together are refused."""
     given = [
         (name, unit, value)
         for name, unit, value in (
-            ("training.max_steps", "steps", t.max_steps),
-            ("training.max_samples", "samples", t.max_samples),
-            ("training.max_tokens", "tokens", t.max_tokens),
+            ("training.max_steps", BudgetUnit.STEPS, t.max_steps),
+            ("training.max_samples", BudgetUnit.SAMPLES, t.max_samples),
+            ("training.max_tokens", BudgetUnit.TOKENS, t.max_tokens),
         )
         if value is not None
     ]
@@ -273,7 +292,7 @@ def _budget_setting(t: TrainingConfig, tokens_per_sample: int | None) -> tuple[s
     if not given:
         return _default_budget(t, tokens_per_sample)
     name, unit, value = given[0]
-    if unit == "tokens" and not tokens_per_sample:
+    if unit is BudgetUnit.TOKENS and not tokens_per_sample:
         raise ConfigError(
             f"training.max_tokens={value}: this task's samples vary in length, so a budget in "
             "tokens is not a number of steps; use training.max_samples or training.max_steps"
@@ -281,13 +300,13 @@ def _budget_setting(t: TrainingConfig, tokens_per_sample: int | None) -> tuple[s
     return name, unit, int(value)
 
 
-def _default_budget(t: TrainingConfig, tokens_per_sample: int | None) -> tuple[str, str, int]:
+def _default_budget(t: TrainingConfig, tokens_per_sample: int | None) -> Setting:
     """training.default_budget, when no budget is set: DEFAULT_MAX_STEPS steps, or the data
     that many steps of the reference batch see (tokens for packed blocks, else samples)."""
     setting = f"training.default_budget={t.default_budget}"
     if t.default_budget == "steps":
-        return setting, "steps", DEFAULT_MAX_STEPS
+        return setting, BudgetUnit.STEPS, DEFAULT_MAX_STEPS
     samples = DEFAULT_MAX_STEPS * t.reference_batch
     if tokens_per_sample:
-        return setting, "tokens", samples * tokens_per_sample
-    return setting, "samples", samples
+        return setting, BudgetUnit.TOKENS, samples * tokens_per_sample
+    return setting, BudgetUnit.SAMPLES, samples

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.components.optim import OPTIMIZERS
 from app.components.tracking import tracked_config
+from app.config.budget import BudgetUnit
 from app.config.schema import TrainConfig
 from app.engine.batch.probe import describe as describe_choice
 from app.engine.batch.probe import plan_scalars
@@ -49,11 +50,11 @@ def describe_run(summary: Summary, run: Run, machine: Machine, config: TrainConf
 
 def record_budget(summary: Summary, run: Run, config: TrainConfig) -> None:
     b, t = run.budget, config.training
-    summary.budget_setting, summary.budget, summary.budget_unit = b.setting, b.total, b.unit
+    summary.budget_setting, summary.budget, summary.budget_unit = b.setting, b.total, b.unit.value
     summary.max_steps, summary.warmup_steps = b.max_steps, b.warmup_steps
     summary.lr, summary.lr_scaling = b.lr, t.lr_scaling
     # The reference batch means something only where it scales the LR or the step counts
-    uses_reference = t.lr_scaling != "none" or b.unit != "steps"
+    uses_reference = t.lr_scaling != "none" or b.unit is not BudgetUnit.STEPS
     summary.lr_reference_batch = t.reference_batch if uses_reference else None
 
 

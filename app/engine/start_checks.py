@@ -25,6 +25,7 @@ from app.components.optim import OPTIMIZERS
 from app.components.tasks import build_task
 from app.components.tasks.base import Task
 from app.components.tracking.sinks import check_trackers
+from app.config.budget import BudgetUnit
 from app.config.recorded import saved_run_config
 from app.core.errors import ConfigError
 
@@ -180,7 +181,7 @@ def resume_checkpoint(config: TrainConfig, run_dir: Path) -> Path | None:
     budget = config.budget()
     check_resume_batch(config, found, saved, budget.unit)
     if int(state.step) >= budget.max_steps:
-        steps = "" if budget.unit == "steps" else f", {budget.max_steps} steps"
+        steps = "" if budget.unit is BudgetUnit.STEPS else f", {budget.max_steps} steps"
         raise AlreadyComplete(
             f"{found} is at step {int(state.step)} of {budget.setting}={budget.total}{steps}: "
             f"the run is complete, nothing to do (raise {budget.setting} to train further)"
@@ -223,13 +224,13 @@ def shape_keys(config: TrainConfig) -> tuple[str, ...]:
 
 
 def check_resume_batch(
-    config: TrainConfig, checkpoint: Path, saved: Mapping[str, object] | None, unit: str
+    config: TrainConfig, checkpoint: Path, saved: Mapping[str, object] | None, unit: BudgetUnit
 ) -> None:
     """Under a data budget a checkpoint's step is data seen only at the batch it trained with:
     resumed at another, the data seen and the marks reported would be wrong."""
     old = _select(saved or {}, "training.effective_batch_size")
     new = config.training.effective_batch_size
-    if unit != "steps" and old is not None and old != new:
+    if unit is not BudgetUnit.STEPS and old is not None and old != new:
         raise ConfigError(
             f"training.resume={checkpoint}: the checkpoint was trained with "
             f"training.effective_batch_size={old}, this run has {new}; a budget in {unit} "
