@@ -132,8 +132,9 @@ def _worker_budget(monkeypatch, storage, worker: int, seed: int, space):
     """Worker `worker` of a fleet on the study in `storage`: hpo=optuna's sampler (hpo.seed
     `seed`) as that worker builds it, and its budget, which draws each new trial's point."""
     from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import build_sampler
-    from hydra_plugins.hydratrain_optuna_sweeper._study._settings import StockOptions, read_settings
+    from hydra_plugins.hydratrain_optuna_sweeper._study._settings import read_settings
     from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyTrialBudget
+    from hydra_plugins.hydratrain_optuna_sweeper._study._stock import StockOptions
 
     monkeypatch.setenv(WORKER_ENV, str(worker))
     s = read_settings(StockOptions(False), OmegaConf.create({"seed": seed}), "/tmp/sweep")

@@ -25,9 +25,7 @@ from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import (
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import UNCOUNTED
 from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import build_sampler
 from hydra_plugins.hydratrain_optuna_sweeper._study._settings import (
-    SEARCH_SPACE_DEPRECATED,
     Liveness,
-    StockOptions,
     read_hpo,
     read_settings,
 )
@@ -40,6 +38,10 @@ from hydra_plugins.hydratrain_optuna_sweeper._study._space import (
     format_value,
     legacy_entries,
     parse_space,
+)
+from hydra_plugins.hydratrain_optuna_sweeper._study._stock import (
+    SEARCH_SPACE_DEPRECATED,
+    StockOptions,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import (
     Masker,
@@ -377,6 +379,41 @@ def test_hpo_sampler_tpe_is_the_measured_tpe_whatever_the_optuna_version():
 )
 def test_tpes_random_start_up_is_a_quarter_of_the_budget_at_most_optunas_ten(over, startup):
     assert _build("tpe", **over)._n_startup_trials == startup
+
+
+@pytest.mark.parametrize(
+    "over, args",
+    [
+        ({"n_trials": None}, {"bootstrap_count": 2}),  # the default: 20 full trials' worth
+        ({"n_trials": None, "budget_trials": 100}, {"bootstrap_count": 2}),
+        ({"n_trials": 10}, {"bootstrap_count": 2}),
+        ({"n_trials": 9}, {}),  # a short study keeps Optuna's 0: it must complete a trial
+        ({"n_trials": None, "budget_trials": 4}, {}),
+        ({"n_trials": None, "pruner_args": {"bootstrap_count": 0}}, {"bootstrap_count": 0}),
+        ({"n_trials": None, "pruner": "asha"}, {}),  # only successive halving was measured
+    ],
+)
+def test_successive_halving_waits_for_two_trials_at_a_rung_in_a_study_of_ten_or_more(over, args):
+    """The default pruner's bootstrap follows the study's budget (docs/benchmarks.md, "The
+    default study against a grid"); hpo.pruner_args wins."""
+    assert _settings(**over).pruner_args == args
+
+
+def test_a_job_in_another_process_builds_the_pruner_the_sweep_resolved(tmp_path):
+    """A trial's job reads the pruner's arguments the sweep recorded in the study (budget
+    defaults included), not its own hpo node's: with bootstrap_count=2 the first trial to reach
+    a rung is stopped there; with the node's arguments alone (none) it would go on."""
+    from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import record_pruner_args
+    from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
+
+    storage = str(tmp_path / "study.journal")
+    study = optuna.create_study(study_name="s", storage=journal(storage))
+    record_pruner_args(study, {"bootstrap_count": 2})
+    trial = study.ask()
+    hpo = {"study_name": "s", "storage": storage, "trial_number": trial.number}
+    cfg = OmegaConf.create({"hpo": hpo, "training": {"eval_every": 10, "max_steps": 90}})
+    job = reporter.reporter_for_job(cfg)
+    assert job.report(10, {"val_loss": 1.0}) is True  # rung 0 at step 10 (90 / 9)
 
 
 def test_the_stock_sampler_node_keeps_the_stock_fields():

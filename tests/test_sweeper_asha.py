@@ -291,7 +291,8 @@ def test_a_paused_trial_outlives_its_worker_and_another_worker_promotes_it(tmp_p
 
 def test_asha_refuses_a_job_config_that_cannot_resume_in_one_line():
     from hydra_plugins.hydratrain_optuna_sweeper._study._checks import check_objectives
-    from hydra_plugins.hydratrain_optuna_sweeper._study._settings import StockOptions, read_settings
+    from hydra_plugins.hydratrain_optuna_sweeper._study._settings import read_settings
+    from hydra_plugins.hydratrain_optuna_sweeper._study._stock import StockOptions
 
     node = OmegaConf.create({"n_trials": 3, "pruner": "asha"})
     s = read_settings(StockOptions(stock_node=False), node, "/tmp/sweep")
@@ -424,8 +425,9 @@ def test_an_asha_study_hands_its_sampler_one_observation_per_line(pruner, wrappe
         LineSampler,
         unwrapped,
     )
-    from hydra_plugins.hydratrain_optuna_sweeper._study._settings import StockOptions, read_settings
+    from hydra_plugins.hydratrain_optuna_sweeper._study._settings import read_settings
     from hydra_plugins.hydratrain_optuna_sweeper._study._space import Entry, parse_space
+    from hydra_plugins.hydratrain_optuna_sweeper._study._stock import StockOptions
     from hydra_plugins.hydratrain_optuna_sweeper._sweep._plan import _sampler
 
     node = OmegaConf.create({"n_trials": 3, "pruner": pruner})

@@ -14,12 +14,9 @@ from optuna.trial import TrialState
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import root
 from hydra_plugins.hydratrain_optuna_sweeper._study._cost import CostCap
-from hydra_plugins.hydratrain_optuna_sweeper._study._settings import (
-    Liveness,
-    StockOptions,
-    read_settings,
-)
+from hydra_plugins.hydratrain_optuna_sweeper._study._settings import Liveness, read_settings
 from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyTrialBudget
+from hydra_plugins.hydratrain_optuna_sweeper._study._stock import StockOptions
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 

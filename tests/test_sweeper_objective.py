@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 from app.engine.records.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._study._checks import check_objectives
-from hydra_plugins.hydratrain_optuna_sweeper._study._settings import StockOptions, read_settings
+from hydra_plugins.hydratrain_optuna_sweeper._study._settings import read_settings
+from hydra_plugins.hydratrain_optuna_sweeper._study._stock import StockOptions
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 from tests.conftest import compose

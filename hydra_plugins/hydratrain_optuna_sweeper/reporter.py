@@ -188,7 +188,7 @@ def _trial_from_storage(
 
     from . import _private as private
     from ._pruners._companion import load_companion, report_trial
-    from ._pruners._kind import build_pruner, pruner_kind, schedule_of
+    from ._pruners._kind import build_pruner, pruner_kind, recorded_pruner_args, schedule_of
     from ._study._settings import mapping
     from ._study._storage import MEMORY, Masker, open_storage, storage_spec
 
@@ -197,15 +197,13 @@ def _trial_from_storage(
         return None
     spec = storage_spec(storage, "hpo.storage", ".", null_is_memory=False)
     store = open_storage(spec, Masker.of([storage]))
-    pruner_args = mapping(hpo.pruner_args, "hpo.pruner_args")
-    pruner = build_pruner(hpo.pruner, pruner_args, 1, schedule_of(cfg))
     # The sampler is never used here (the sweeper sampled already): random keeps it cheap.
     study = optuna.load_study(
-        study_name=hpo.study_name,
-        storage=store,
-        sampler=optuna.samplers.RandomSampler(),
-        pruner=pruner,
+        study_name=hpo.study_name, storage=store, sampler=optuna.samplers.RandomSampler()
     )
+    # The pruner as the sweep resolved it (its budget defaults too), not as this job reads it
+    pruner_args = recorded_pruner_args(study, mapping(hpo.pruner_args, "hpo.pruner_args"))
+    study.pruner = pruner = build_pruner(hpo.pruner, pruner_args, 1, schedule_of(cfg))
     trial = private.live_trial(study, number)
     if len(study.directions) == 1:
         return trial, trial

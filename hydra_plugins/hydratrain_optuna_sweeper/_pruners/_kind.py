@@ -45,6 +45,12 @@ def schedule_of(cfg: object) -> ReportAxis | None:
 
 
 Defaults = Callable[[ReportAxis | None, Mapping[str, object]], dict[str, object]]
+# What a pruner takes from the study's budget: `trials` is hpo.n_trials, or the full trials'
+# worth of hpo.budget_trials; None for a study with no bound on either.
+BudgetDefaults = Callable[[float | None], dict[str, object]]
+# The study attribute that holds hpo.pruner_args as the sweep resolved them (budget defaults
+# included): a job in another process builds the same pruner from it.
+PRUNER_ARGS = "hpo:pruner_args"
 
 
 def no_defaults(schedule: ReportAxis | None, args: Mapping[str, object]) -> dict[str, object]:
@@ -80,6 +86,7 @@ class PrunerKind:
     pauses: bool = False
     compares_reports: bool = False  # reads other trials' reports at a step (a warm start's rungs)
     promoter: Callable[[optuna.Study, optuna.Study], Promotes] | None = None
+    budget_defaults: BudgetDefaults = lambda trials: {}
 
 
 PRUNERS: Registry[PrunerKind] = Registry(__package__ or __name__, "hpo.pruner", private=True)
@@ -98,6 +105,25 @@ def pruner_defaults(
 ) -> dict[str, object]:
     """The arguments of pruner `name` that hpo.pruner_args (`args`) does not set."""
     return pruner_kind(name).defaults(schedule, args or {})
+
+
+def study_pruner_args(
+    name: str, args: Mapping[str, object], trials: float | None
+) -> dict[str, object]:
+    """hpo.pruner_args over what pruner `name` takes from the study's budget (`trials`)."""
+    return {**pruner_kind(name).budget_defaults(trials), **args}
+
+
+def record_pruner_args(study: optuna.Study, args: Mapping[str, object]) -> None:
+    if study.user_attrs.get(PRUNER_ARGS) != dict(args):
+        study.set_user_attr(PRUNER_ARGS, dict(args))
+
+
+def recorded_pruner_args(study: optuna.Study, fallback: Mapping[str, object]) -> dict[str, object]:
+    """The pruner arguments the sweep recorded; `fallback` (the job's hpo.pruner_args) for a
+    study no sweep of this version started."""
+    recorded = study.user_attrs.get(PRUNER_ARGS)
+    return dict(recorded) if isinstance(recorded, dict) else dict(fallback)
 
 
 def build_pruner(

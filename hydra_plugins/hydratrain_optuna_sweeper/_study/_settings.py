@@ -11,65 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hydra.errors import HydraDeprecationError
 from omegaconf import DictConfig, OmegaConf
 
 from app.hpo import BatchSizeStudyConfig, HpoConfig, WarmStartConfig
 
-from .. import _private as private
 from .._errors import SweepConfigError, first_line
-from .._pruners._kind import pruner_kind
-from ..config import STOCK_KEYS
+from .._pruners._kind import pruner_kind, study_pruner_args
 from ._fleet_plan import FleetAsk
+from ._stock import StockOptions, legacy_search_space, plain
 from ._storage import StorageSpec, storage_spec
 
 DIRECTIONS = ("minimize", "maximize")
-# The stock sweeper's words, as its last release (1.3.0) says them about its legacy node.
-SEARCH_SPACE_URL = "https://hydra.cc/docs/upgrades/1.1_to_1.2/changes_to_sweeper_config/"
-SEARCH_SPACE_DEPRECATED = (
-    "`hydra.sweeper.search_space` is deprecated and will be removed in the next major release.\n"
-    f"Please configure with `hydra.sweeper.params`.\n{SEARCH_SPACE_URL}\n"
-)
-SEARCH_SPACE_IGNORED = (
-    "Both hydra.sweeper.params and hydra.sweeper.search_space are configured."
-    f"\nHydra will use hydra.sweeper.params for defining search space.\n{SEARCH_SPACE_URL}"
-)
-_ROWS = {k.name: k for k in STOCK_KEYS}
-
-
-@dataclass(frozen=True)
-class StockOptions:
-    """`hydra.sweeper.*` as composed, by the names of `config.STOCK_KEYS`: only the keys that
-    are set. An unset one leaves its `hpo.*` setting in charge, except that the stock node's
-    null `storage` and `study_name` mean "in memory" and "a fresh study", as they do there."""
-
-    stock_node: bool
-    values: Mapping[str, object] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, options: Mapping[str, object], stock_node: bool) -> StockOptions:
-        unknown = sorted(set(options) - set(_ROWS))
-        if unknown:
-            raise SweepConfigError(
-                f"hydra.sweeper.{unknown[0]}: no such setting; known keys: {', '.join(_ROWS)}"
-            )
-        return cls(stock_node, {k: v for k, v in options.items() if v is not None})
-
-    def get(self, name: str) -> object:
-        """hydra.sweeper.`name` when set, else None; `name` is a row of the table."""
-        return self.values.get(_ROWS[name].name)
-
-    def pick(self, name: str, ours: object) -> tuple[object, str]:
-        """(value, the setting it came from): the stock key when set, else the hpo.* setting
-        the table maps it onto, whose value is `ours`."""
-        value = self.get(name)
-        if value is not None:
-            return value, f"hydra.sweeper.{name}"
-        return ours, f"{_ROWS[name].setting}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +38,11 @@ class TrialCount:
     per_run: bool
     key: str
     worth: float | None = None
+
+    @property
+    def size(self) -> float | None:
+        """What sizes the sampler's start-up and the pruner's bootstrap: trials, or worth."""
+        return self.n_trials if self.n_trials is not None else self.worth
 
 
 @dataclass(frozen=True)
@@ -153,7 +113,7 @@ def read_hpo(node: object) -> HpoConfig | None:
 def typed_hpo(node: object) -> HpoConfig:
     """An hpo node (a DictConfig or a mapping) typed by HpoConfig, its defaults filled in."""
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(HpoConfig), _plain(node))
+        merged = OmegaConf.merge(OmegaConf.structured(HpoConfig), plain(node))
         hpo: HpoConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except Exception as e:
         raise SweepConfigError(_hpo_error(e)) from None
@@ -172,7 +132,7 @@ def _hpo_error(exc: Exception) -> str:
 
 def mapping(value: object, key: str) -> dict[str, object]:
     """A mapping setting (null: empty) as a plain dict of key: value."""
-    value = _plain(value)
+    value = plain(value)
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -188,7 +148,7 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
     direction, direction_key = stock.pick("direction", h.direction)
     space_fn, space_fn_key = stock.pick("custom_search_space", h.search_space_fn)
     metrics = _metrics(h.metric) if hpo else None
-    legacy = _legacy_search_space(stock)
+    legacy = legacy_search_space(stock)
     stock_sampler, n_jobs = stock.get("sampler"), stock.get("n_jobs")
     budget = _trial_budget(stock, h)
     s = SweepSettings(
@@ -205,11 +165,13 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
             h.sampler,
             mapping(h.sampler_args, "hpo.sampler_args"),
             h.seed,
-            budget.n_trials if budget.n_trials is not None else budget.worth,
+            budget.size,
         ),
         sampler_key="hpo.sampler" if stock_sampler is None else "hydra.sweeper.sampler",
         pruner=h.pruner,
-        pruner_args=mapping(h.pruner_args, "hpo.pruner_args"),
+        pruner_args=study_pruner_args(
+            h.pruner, mapping(h.pruner_args, "hpo.pruner_args"), budget.size
+        ),
         failure=_failure_rule(stock, h),
         search_space_fn=None if space_fn is None else str(space_fn),
         search_space_key=space_fn_key,
@@ -280,29 +242,6 @@ def _space_sources(params: object, hpo: HpoConfig | None) -> list[tuple[Mapping[
     return [(mapping(hpo.params, "hpo.params"), "hpo.params"), (own, "hydra.sweeper.params")]
 
 
-def _legacy_search_space(stock: StockOptions) -> Mapping[str, object] | None:
-    """hydra.sweeper.search_space as the stock sweeper's last release reads it: beside
-    hydra.sweeper.params it is ignored, with a warning; alone it is the search space (in the
-    place of hpo.params too), with Hydra's deprecation warning."""
-    legacy = stock.get("search_space")
-    if legacy is None:
-        return None
-    if stock.get("params") is not None:
-        warnings.warn(SEARCH_SPACE_IGNORED, UserWarning, stacklevel=2)
-        return None
-    try:
-        private.hydra_deprecation_warning(SEARCH_SPACE_DEPRECATED)
-    except HydraDeprecationError as e:  # HYDRA_DEPRECATION_WARNINGS_AS_ERRORS is set
-        raise SweepConfigError(f"hydra.sweeper.search_space: {first_line(e)}") from None
-    space = _plain(legacy)
-    if not isinstance(space, Mapping):
-        raise SweepConfigError(
-            f"hydra.sweeper.search_space={space!r} must be a mapping of key: "
-            "{type: int|float|categorical, ...}"
-        )
-    return {str(k): v for k, v in space.items()}
-
-
 def _failure_rule(stock: StockOptions, h: HpoConfig) -> FailureRule:
     rate = stock.get("max_failure_rate")
     if rate is not None:
@@ -313,12 +252,8 @@ def _failure_rule(stock: StockOptions, h: HpoConfig) -> FailureRule:
     )
 
 
-def _plain(node: object) -> object:
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-
-
 def _as_list(value: object) -> list[object]:
-    value = _plain(value)
+    value = plain(value)
     if value is None:
         return []
     if isinstance(value, str) or not isinstance(value, Sequence):

@@ -28,10 +28,18 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, read_write
 from optuna.samplers import CmaEsSampler
 
+from app.hpo import BudgetUnit
+
 from .._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
 from .._fleet._jobs import FleetJob, worker_config
 from .._pruners._companion import Judge, open_companion
-from .._pruners._kind import ReportAxis, build_pruner, pruner_kind, schedule_of
+from .._pruners._kind import (
+    ReportAxis,
+    build_pruner,
+    pruner_kind,
+    record_pruner_args,
+    schedule_of,
+)
 from .._pruners._line_sampler import LineSampler, unwrapped
 from .._report._records import describe, write_sweep_report
 from .._report._results import check_completed
@@ -39,7 +47,7 @@ from .._study._checks import check_objectives, check_space
 from .._study._cost import CostCap, TrialsWorth, record_budget
 from .._study._fleet_plan import FleetPlan, fleet_worker, seeded_for_worker
 from .._study._samplers import build_sampler, grid_size
-from .._study._settings import StockOptions, SweepSettings, read_settings
+from .._study._settings import SweepSettings, read_settings
 from .._study._shared import RunTrialBudget, StudyTrialBudget
 from .._study._space import (
     Entry,
@@ -49,6 +57,7 @@ from .._study._space import (
     params_entries,
     parse_space,
 )
+from .._study._stock import StockOptions
 from .._study._storage import Masker, job_storage, open_storage, passwords
 from .._study._warm_start import warm_start_for
 from ._fleet_run import Fleet, plan_fleet_of
@@ -163,8 +172,9 @@ class OptunaSweeperImpl(Sweeper):
         constraints = s.hpo_node and not isinstance(unwrapped(sampler), CmaEsSampler)
         warm = warm_start_for(s, space.distributions, schedule, constraints, self.mask)
         study = self._open_study(s, sampler, pruner)
+        record_pruner_args(study, s.pruner_args)
         if schedule is not None:
-            describe(study, s.metrics, schedule.unit, schedule.last)
+            describe(study, s.metrics, schedule.unit.value, schedule.last)
         judge = _judge(study, s, judged_by)
         if not fleet_worker():  # the fleet's parent wrote it
             self._write_multirun_yaml(sweep_dir)
@@ -368,7 +378,7 @@ def _axis_text(schedule: ReportAxis | None, space: SearchSpace) -> str:
     axis = f"; trials report every {schedule.every:,} {schedule.unit} up to {schedule.last:,}"
     if BATCH_KEY not in space.distributions:
         return axis
-    if schedule.unit != "steps":
+    if schedule.unit is not BudgetUnit.STEPS:
         return f"{axis}: every batch size is compared at equal data"
     return (
         f"{axis}: trials are compared at equal steps, so a larger {BATCH_KEY} has seen more "
@@ -378,7 +388,7 @@ def _axis_text(schedule: ReportAxis | None, space: SearchSpace) -> str:
 
 def _check_batch_study(s: SweepSettings, schedule: ReportAxis | None) -> None:
     """The batch-size study reads its trials' curves as samples seen."""
-    if s.batch_size_study is None or (schedule is not None and schedule.unit == "samples"):
+    if s.batch_size_study is None or (schedule is not None and schedule.unit is BudgetUnit.SAMPLES):
         return
     unit = "no training budget" if schedule is None else f"a budget in {schedule.unit}"
     raise SweepConfigError(
