@@ -79,6 +79,35 @@ def test_a_pruner_added_in_one_place_runs_a_study_and_prunes_what_it_says(
     assert all(t.last_step == 2 for t in pruned)  # its argument, from hpo.pruner_args
 
 
+@pytest.mark.parametrize(
+    "budget, first, recorded",
+    [
+        ("+hpo.budget_trials=10", TrialState.PRUNED, {"bootstrap_count": 2}),
+        ("+hpo.n_trials=10", TrialState.COMPLETE, {}),
+    ],
+)
+def test_a_rung_waits_for_two_trials_under_a_budget_in_worth_and_the_study_records_it(
+    hydra_sweep_runner, tmp_path, budget, first, recorded
+):
+    """Successive halving (the default) under 10 trials' worth with an evaluation schedule: the
+    first trial to reach a rung stops there (Optuna's bootstrap_count=2), and the study records
+    the arguments for a launcher's jobs; under a count of 10 trials the first trial completes."""
+    overrides = [
+        "hydra/sweeper/sampler=random",
+        f"steps={STEPS * 3}",
+        f"+training={{eval_every: 2, max_steps: {STEPS * 3}}}",
+        budget,
+        "+hpo.study_name=halving",
+        f"+hpo.storage={tmp_path / 'study.journal'}",
+    ]
+    sweep_own_app(hydra_sweep_runner, tmp_path / "multirun", overrides)
+    study = optuna.load_study(
+        study_name="halving", storage=journal(str(tmp_path / "study.journal"))
+    )
+    assert study.trials[0].state == first
+    assert study.user_attrs["hpo:pruner_args"] == recorded
+
+
 def test_an_unregistered_pruner_is_one_line_naming_the_registered_ones(
     hydra_sweep_runner, tmp_path, capsys
 ):

@@ -21,6 +21,7 @@ from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import (
     build_pruner,
     pruner_defaults,
     schedule_of,
+    study_pruner_args,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import UNCOUNTED
 from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import build_sampler
@@ -386,17 +387,21 @@ def test_tpes_random_start_up_is_a_quarter_of_the_budget_at_most_optunas_ten(ove
     [
         ({"n_trials": None}, {"bootstrap_count": 2}),  # the default: 20 full trials' worth
         ({"n_trials": None, "budget_trials": 100}, {"bootstrap_count": 2}),
-        ({"n_trials": 10}, {"bootstrap_count": 2}),
-        ({"n_trials": 9}, {}),  # a short study keeps Optuna's 0: it must complete a trial
-        ({"n_trials": None, "budget_trials": 4}, {}),
+        ({"n_trials": None, "budget_trials": 10}, {"bootstrap_count": 2}),
+        ({"n_trials": None, "budget_trials": 9.5}, {}),  # too short to afford it
+        ({"n_trials": 20}, {}),  # a count: the trials it stops would not buy more
         ({"n_trials": None, "pruner_args": {"bootstrap_count": 0}}, {"bootstrap_count": 0}),
         ({"n_trials": None, "pruner": "asha"}, {}),  # only successive halving was measured
     ],
 )
 def test_successive_halving_waits_for_two_trials_at_a_rung_in_a_study_of_ten_or_more(over, args):
     """The default pruner's bootstrap follows the study's budget (docs/benchmarks.md, "The
-    default study against a grid"); hpo.pruner_args wins."""
-    assert _settings(**over).pruner_args == args
+    default study against a grid") in trials' worth; hpo.pruner_args wins. Without a schedule
+    Optuna places the rungs itself ("auto"), which takes no bootstrap."""
+    s = _settings(**over)
+    assert study_pruner_args(s.pruner, s.pruner_args, s.budget.worth, ReportAxis(10, 90)) == args
+    given = dict(over.get("pruner_args") or {})
+    assert study_pruner_args(s.pruner, s.pruner_args, s.budget.worth, None) == given
 
 
 def test_a_job_in_another_process_builds_the_pruner_the_sweep_resolved(tmp_path):

@@ -45,9 +45,10 @@ def schedule_of(cfg: object) -> ReportAxis | None:
 
 
 Defaults = Callable[[ReportAxis | None, Mapping[str, object]], dict[str, object]]
-# What a pruner takes from the study's budget: `trials` is hpo.n_trials, or the full trials'
-# worth of hpo.budget_trials; None for a study with no bound on either.
-BudgetDefaults = Callable[[float | None], dict[str, object]]
+# What a pruner takes from the study's budget (and its schedule, None where the job's config
+# has none): `worth` is the budget in full trials' worth (hpo.budget_trials), None where a
+# count of trials (hpo.n_trials) is the budget.
+BudgetDefaults = Callable[[float | None, ReportAxis | None], dict[str, object]]
 # The study attribute that holds hpo.pruner_args as the sweep resolved them (budget defaults
 # included): a job in another process builds the same pruner from it.
 PRUNER_ARGS = "hpo:pruner_args"
@@ -86,7 +87,7 @@ class PrunerKind:
     pauses: bool = False
     compares_reports: bool = False  # reads other trials' reports at a step (a warm start's rungs)
     promoter: Callable[[optuna.Study, optuna.Study], Promotes] | None = None
-    budget_defaults: BudgetDefaults = lambda trials: {}
+    budget_defaults: BudgetDefaults = lambda worth, schedule: {}
 
 
 PRUNERS: Registry[PrunerKind] = Registry(__package__ or __name__, "hpo.pruner", private=True)
@@ -108,10 +109,10 @@ def pruner_defaults(
 
 
 def study_pruner_args(
-    name: str, args: Mapping[str, object], trials: float | None
+    name: str, args: Mapping[str, object], worth: float | None, schedule: ReportAxis | None
 ) -> dict[str, object]:
-    """hpo.pruner_args over what pruner `name` takes from the study's budget (`trials`)."""
-    return {**pruner_kind(name).budget_defaults(trials), **args}
+    """hpo.pruner_args over what pruner `name` takes from the study's budget (`worth`)."""
+    return {**pruner_kind(name).budget_defaults(worth, schedule), **args}
 
 
 def record_pruner_args(study: optuna.Study, args: Mapping[str, object]) -> None:

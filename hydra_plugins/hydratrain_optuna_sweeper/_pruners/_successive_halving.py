@@ -1,12 +1,12 @@
 """`hpo.pruner=successive_halving` (the default): Optuna's, its first rung placed for the
 study's schedule (`_kind.halving_defaults`), its promotions waiting for a few trials at a rung
-in a study large enough to afford it (`bootstrap`)."""
+in a study whose budget in trials' worth affords it (`bootstrap`)."""
 
 from __future__ import annotations
 
 import optuna
 
-from ._kind import PRUNERS, PrunerKind, halving_defaults
+from ._kind import PRUNERS, PrunerKind, ReportAxis, halving_defaults
 
 # Optuna's bootstrap_count: a trial is promoted from a rung only once more than this many have
 # reached it (the first ones there are stopped). Optuna's default, 0, promotes the first trial
@@ -14,14 +14,18 @@ from ._kind import PRUNERS, PrunerKind, halving_defaults
 # the study within 1 % of the unpruned study's best in 282 and 643 s instead of 646 and 1,022 s
 # (docs/benchmarks.md, "The default study against a grid", "As shipped").
 BOOTSTRAP_COUNT = 2
-# A study of fewer trials (or trials' worth) keeps Optuna's 0: with 2, no trial completes
-# before the fifth, and a short study may end with none.
+# Only under a budget in trials' worth of at least this many (hpo.budget_trials, the default
+# study's 20), where the trials it stops early buy more trials. A count (hpo.n_trials) keeps
+# Optuna's 0: with 2 no trial completes before the fifth, and only one that is the best so far
+# at every rung completes at all, so a count of 10 random trials can end with none completed.
 BOOTSTRAP_FROM = 10
 
 
-def bootstrap(trials: float | None) -> dict[str, object]:
-    """The bootstrap count for a study of `trials` trials (None: no bound)."""
-    if trials is not None and trials < BOOTSTRAP_FROM:
+def bootstrap(worth: float | None, schedule: ReportAxis | None) -> dict[str, object]:
+    """The bootstrap count for a study of `worth` full trials' worth (None: a count of trials).
+    Without a schedule (an app whose config has none) Optuna places the rungs itself ("auto"),
+    which takes no bootstrap."""
+    if schedule is None or worth is None or worth < BOOTSTRAP_FROM:
         return {}
     return {"bootstrap_count": BOOTSTRAP_COUNT}
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from app.hpo import BatchSizeStudyConfig, HpoConfig, WarmStartConfig
 
 from .._errors import SweepConfigError, first_line
-from .._pruners._kind import pruner_kind, study_pruner_args
+from .._pruners._kind import pruner_kind
 from ._fleet_plan import FleetAsk
 from ._stock import StockOptions, legacy_search_space, plain
 from ._storage import StorageSpec, storage_spec
@@ -41,7 +41,7 @@ class TrialCount:
 
     @property
     def size(self) -> float | None:
-        """What sizes the sampler's start-up and the pruner's bootstrap: trials, or worth."""
+        """What sizes the sampler's random start-up: the trials, or their worth."""
         return self.n_trials if self.n_trials is not None else self.worth
 
 
@@ -169,9 +169,7 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
         ),
         sampler_key="hpo.sampler" if stock_sampler is None else "hydra.sweeper.sampler",
         pruner=h.pruner,
-        pruner_args=study_pruner_args(
-            h.pruner, mapping(h.pruner_args, "hpo.pruner_args"), budget.size
-        ),
+        pruner_args=mapping(h.pruner_args, "hpo.pruner_args"),
         failure=_failure_rule(stock, h),
         search_space_fn=None if space_fn is None else str(space_fn),
         search_space_key=space_fn_key,

@@ -39,6 +39,7 @@ from .._pruners._kind import (
     pruner_kind,
     record_pruner_args,
     schedule_of,
+    study_pruner_args,
 )
 from .._pruners._line_sampler import LineSampler, unwrapped
 from .._report._records import describe, write_sweep_report
@@ -157,8 +158,9 @@ class OptunaSweeperImpl(Sweeper):
         sampler = _sampler(s, space)
         schedule = schedule_of(job_cfg)
         _check_batch_study(s, schedule)
-        pruner = build_pruner(s.pruner, s.pruner_args, len(s.directions), schedule)
-        judged_by = build_pruner(s.pruner, s.pruner_args, 1, schedule)  # the report metric's
+        pruner_args = study_pruner_args(s.pruner, s.pruner_args, s.budget.worth, schedule)
+        pruner = build_pruner(s.pruner, pruner_args, len(s.directions), schedule)
+        judged_by = build_pruner(s.pruner, pruner_args, 1, schedule)  # the report metric's
         log.info(
             "Study %s in %s: %s, sampler %s, pruner %s%s",
             s.study_name or "(a new one)",
@@ -172,7 +174,7 @@ class OptunaSweeperImpl(Sweeper):
         constraints = s.hpo_node and not isinstance(unwrapped(sampler), CmaEsSampler)
         warm = warm_start_for(s, space.distributions, schedule, constraints, self.mask)
         study = self._open_study(s, sampler, pruner)
-        record_pruner_args(study, s.pruner_args)
+        record_pruner_args(study, pruner_args)
         if schedule is not None:
             describe(study, s.metrics, schedule.unit.value, schedule.last)
         judge = _judge(study, s, judged_by)
