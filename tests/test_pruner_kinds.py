@@ -94,6 +94,7 @@ def test_a_rung_waits_for_two_trials_under_a_budget_in_worth_and_the_study_recor
     the arguments for a launcher's jobs; under a count of 10 trials the first trial completes."""
     overrides = [
         "hydra/sweeper/sampler=random",
+        "hydra.sweeper.sampler.seed=0",
         f"steps={STEPS * 3}",
         f"+training={{eval_every: 2, max_steps: {STEPS * 3}}}",
         budget,
@@ -105,6 +106,8 @@ def test_a_rung_waits_for_two_trials_under_a_budget_in_worth_and_the_study_recor
         study_name="halving", storage=journal(str(tmp_path / "study.journal"))
     )
     assert study.trials[0].state == first
+    # A trial that reaches the end completes with its value (its last report is not judged)
+    assert any(t.state == TrialState.COMPLETE for t in study.trials)
     assert study.user_attrs["hpo:pruner_args"] == recorded
 
 

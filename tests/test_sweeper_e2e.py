@@ -61,6 +61,13 @@ def _run(cmd: list[str], tmp_path: Path, *args: str, check: bool = True, timeout
     return procs.run([*cmd, *args], env=_env(tmp_path), timeout=timeout, check=check)
 
 
+def _has_study(tmp_path: Path) -> bool:
+    if not (tmp_path / "study.journal").exists():
+        return False
+    names = optuna.get_all_study_names(storage=journal(str(tmp_path / "study.journal")))
+    return STUDY in names
+
+
 def _trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
     storage = journal(str(tmp_path / "study.journal"))
     return optuna.load_study(study_name=STUDY, storage=storage).get_trials()
@@ -376,10 +383,10 @@ def test_real_kill_9_mid_trial_then_rerun(tmp_path):
     deadline = time.time() + 180
     while time.time() < deadline:  # wait until trial 1 has reported (it is mid-training)
         time.sleep(0.2)
-        if (tmp_path / "study.journal").exists():
-            trials = _trials(tmp_path)
-            if len(trials) >= 2 and trials[1].intermediate_values:
-                break
+        # The journal file exists a moment before the study's first record is in it
+        trials = _trials(tmp_path) if _has_study(tmp_path) else []
+        if len(trials) >= 2 and trials[1].intermediate_values:
+            break
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert _trials(tmp_path)[1].state == TrialState.RUNNING

@@ -62,9 +62,15 @@ class OptunaReporter:
     can no longer be changed: the job then goes on without reporting, after one warning."""
 
     def __init__(
-        self, trial: Trial, metric: str, can_prune: bool = True, judge: Trial | None = None
+        self,
+        trial: Trial,
+        metric: str,
+        can_prune: bool = True,
+        judge: Trial | None = None,
+        last: int | None = None,
     ) -> None:
         self.trial = trial
+        self.last = last  # the schedule's end: a report there is the result, never judged
         self.judge = trial if judge is None else judge
         self.metric = metric
         self.can_prune = can_prune
@@ -79,6 +85,8 @@ class OptunaReporter:
         if not math.isfinite(value):  # divergence is the trainer's call, not the pruner's
             return False
         stop = bool(self._call(lambda: self._report(value, step)))
+        if stop and not self.pauses and self.last is not None and step >= self.last:
+            return False  # as the trainer: a trial that reached its end completes with it
         if stop and self.pauses:
             raise Paused(f"paused at step {step} (hpo.pruner=asha): checkpointed", step=step)
         return stop
@@ -158,7 +166,11 @@ def reporter_for_job(cfg: object) -> Reporter:
         return NullReporter()
     trial, judge = pair
     metric = hpo.report_metric or "val_loss"
-    return OptunaReporter(trial, metric, can_prune=judge is not None, judge=judge)
+    from ._pruners._kind import schedule_of
+
+    schedule = schedule_of(cfg)
+    last = schedule.last if schedule is not None else None
+    return OptunaReporter(trial, metric, can_prune=judge is not None, judge=judge, last=last)
 
 
 def _hpo_of(cfg: object) -> HpoConfig:
