@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from app.core.outcomes import Paused
-from app.hpo import HpoConfig, NullReporter, Reporter, TrialAttrs
+from app.hpo import HpoConfig, NullReporter, ReportAxis, Reporter, TrialAttrs
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -155,20 +155,20 @@ def _jsonable(value: object) -> object:
 def reporter_for_job(cfg: object) -> Reporter:
     """The reporter for this job's trial (its hpo node names it); `cfg` is the job's config,
     typed by the app or a DictConfig."""
+    from ._pruners._kind import schedule_of
+
     hpo = _hpo_of(cfg)
     if hpo.trial_number is None:  # not a trial
         return NullReporter()
     storage, study_name, number = str(hpo.storage), hpo.study_name, hpo.trial_number
+    schedule = schedule_of(cfg)
     pair = _LIVE_TRIALS.get((storage, study_name, number))
     if pair is None:
-        pair = _trial_from_storage(cfg, hpo, storage, number)
+        pair = _trial_from_storage(hpo, schedule, storage, number)
     if pair is None:
         return NullReporter()
     trial, judge = pair
     metric = hpo.report_metric or "val_loss"
-    from ._pruners._kind import schedule_of
-
-    schedule = schedule_of(cfg)
     last = schedule.last if schedule is not None else None
     return OptunaReporter(trial, metric, can_prune=judge is not None, judge=judge, last=last)
 
@@ -192,7 +192,7 @@ def _hpo_of(cfg: object) -> HpoConfig:
 
 
 def _trial_from_storage(
-    cfg: object, hpo: HpoConfig, storage: str, number: int
+    hpo: HpoConfig, schedule: ReportAxis | None, storage: str, number: int
 ) -> tuple[Trial, Trial | None] | None:
     """(the running trial, the trial its reports go to), rebuilt in this process from the
     shared storage."""
@@ -200,7 +200,7 @@ def _trial_from_storage(
 
     from . import _private as private
     from ._pruners._companion import load_companion, report_trial
-    from ._pruners._kind import build_pruner, pruner_kind, recorded_pruner_args, schedule_of
+    from ._pruners._kind import build_pruner, pruner_kind, recorded_pruner_args
     from ._study._settings import mapping
     from ._study._storage import MEMORY, Masker, open_storage, storage_spec
 
@@ -215,7 +215,7 @@ def _trial_from_storage(
     )
     # The pruner as the sweep resolved it (its budget defaults too), not as this job reads it
     pruner_args = recorded_pruner_args(study, mapping(hpo.pruner_args, "hpo.pruner_args"))
-    study.pruner = pruner = build_pruner(hpo.pruner, pruner_args, 1, schedule_of(cfg))
+    study.pruner = pruner = build_pruner(hpo.pruner, pruner_args, 1, schedule)
     trial = private.live_trial(study, number)
     if len(study.directions) == 1:
         return trial, trial
