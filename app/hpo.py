@@ -1,17 +1,15 @@
-"""The seam between a run and whatever optimizes it: the sweeper imports this module, and
-app.core (errors, how a run ended, signals, masking) where that is what it uses.
+"""The trial's contract: what a training run and whatever optimizes it agree on.
 
-- the `hpo` settings (`HpoConfig`) and the check a sweep runs on every job config it composes
-  (`check_job_config`, the app's own validation, reduced to one line);
 - the `Reporter` a run reports to at each evaluation (the loop imports no Optuna: outside a
-  sweep the reporter does nothing), and the facts a run attaches to its trial (`TrialAttrs`);
+  sweep the reporter does nothing), `build_reporter` that finds the trial's, and the facts a
+  run attaches to its trial (`TrialAttrs`);
 - what a run can be scored on (`objectives`: the summary.json keys and the metrics reported at
-  evaluations, each with the direction that is better);
-- the GPUs a fleet of workers can be pinned to (`visible_gpus`, without starting CUDA), and the
-  memory of one its trials share (`shared_gpu`, hpo.trials_per_gpu=auto).
+  evaluations, each with the direction that is better).
 
-The sweeper names the reporter's factory in `hpo.reporter` (a dotted path), so nothing here
-imports the sweeper.
+The sweeper imports each other thing it uses from its own home: the `hpo` settings
+(app.config.hpo), a job config's checks (app.config.jobs), the report and the batch-size study
+(app.studies), the GPUs (app.components.hardware), errors and signals (app.core). It names the
+reporter's factory in `hpo.reporter` (a dotted path), so nothing here imports the sweeper.
 """
 
 from __future__ import annotations
@@ -20,53 +18,6 @@ import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-from app.components.hardware.sharing import SharedGpu, shared_gpu
-from app.components.hardware.visible import visible_gpus
-from app.config.budget import BudgetUnit, ReportAxis
-from app.config.compose import one_line
-from app.config.hpo import BatchSizeStudyConfig, HpoConfig, WarmStartConfig
-from app.config.jobs import check_job_config, report_axis_of, task_of
-from app.studies.batch_size import IMAGE as BATCH_STUDY_IMAGE
-from app.studies.batch_size import BatchTrial
-from app.studies.batch_size import analyse as analyse_batch_study
-from app.studies.batch_size import plot as plot_batch_study
-from app.studies.batch_size import table as batch_study_table
-from app.studies.report import REPORT, Ending, StudyRecord, TrialRecord, write_report
-from app.studies.report import preload as preload_report
-
-__all__ = [
-    "BATCH_STUDY_IMAGE",
-    "REPORT",
-    "RUN_METRICS",
-    "BatchSizeStudyConfig",
-    "BatchTrial",
-    "BudgetUnit",
-    "Ending",
-    "HpoConfig",
-    "NullReporter",
-    "Objectives",
-    "ReportAxis",
-    "Reporter",
-    "SharedGpu",
-    "StudyRecord",
-    "TrialAttrs",
-    "TrialRecord",
-    "WarmStartConfig",
-    "analyse_batch_study",
-    "batch_study_table",
-    "build_reporter",
-    "check_job_config",
-    "objectives",
-    "one_line",
-    "plot_batch_study",
-    "preload_report",
-    "report_axis_of",
-    "shared_gpu",
-    "task_of",
-    "visible_gpus",
-    "write_report",
-]
 
 # summary.json keys every run writes that a study may optimize, and which way is better. The
 # task adds final_val_<metric> for each of its metrics (Metric.final).

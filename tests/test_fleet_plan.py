@@ -7,9 +7,9 @@ import optuna
 import pytest
 from omegaconf import OmegaConf
 
+from app.components.hardware.visible import visible_gpus
 from app.core.outcomes import Preempted, Pruned, RunOutcome, Status, TrainingOOM
 from app.engine.ranks import RankRecord, one_outcome
-from app.hpo import visible_gpus
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._fleet._local import ending
 from hydra_plugins.hydratrain_optuna_sweeper._study._fleet_plan import (

@@ -12,7 +12,8 @@ import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from app.hpo import ReportAxis, WarmStartConfig
+from app.config.budget import ReportAxis
+from app.config.hpo import WarmStartConfig
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._study._cost import trials_worth
 from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (

@@ -1,5 +1,5 @@
 """What the sweeper asks of a job config it composed: is it a training run's, and does it pass
-the app's checks. Re-exported by app/hpo.py, the sweeper's one seam."""
+the app's checks, and where its trial reports."""
 
 from __future__ import annotations
 

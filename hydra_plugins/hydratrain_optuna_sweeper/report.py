@@ -36,7 +36,7 @@ def write_study_report(storage: str, study_name: str | None, out: str | None) ->
     name = _pick(study_name, own)
     study = optuna.load_study(study_name=name, storage=store)
     target = Path(out) if out else default_out(storage, name)
-    from app.hpo import write_report
+    from app.studies.report import write_report
 
     return write_report(study_record(study, mask(storage)), study, target)
 

@@ -18,8 +18,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
+from app.config.budget import ReportAxis
+from app.config.hpo import HpoConfig
 from app.core.outcomes import Paused
-from app.hpo import HpoConfig, NullReporter, ReportAxis, Reporter, TrialAttrs
+from app.hpo import NullReporter, Reporter, TrialAttrs
 
 if TYPE_CHECKING:
     from optuna.trial import Trial

@@ -21,9 +21,10 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from app.config.hpo import HpoConfig
 from app.core.outcomes import Diverged, Paused, Preempted, Pruned, TrainingOOM
 from app.core.preemption import StopRequest, stop_on_signals
-from app.hpo import HpoConfig, TrialAttrs, build_reporter
+from app.hpo import TrialAttrs, build_reporter
 
 _KEEP: list[bytearray] = []
 

@@ -37,8 +37,8 @@ from typing import Protocol
 import optuna
 from omegaconf import OmegaConf
 
+from app.components.hardware.sharing import SharedGpu, shared_gpu
 from app.core.errors import ConfigError
-from app.hpo import SharedGpu, shared_gpu
 
 from .._errors import SweepConfigError
 from .._study._fleet_plan import DEVICES_ENV, FleetAsk, FleetPlan, fleet_worker
@@ -229,7 +229,7 @@ class GpuSharing:
 
 
 class StopFlag(Protocol):
-    """What `GpuSharing.seat` looks at while it waits (app.hpo.StopRequest is one)."""
+    """What `GpuSharing.seat` looks at while it waits (app.core.preemption.StopRequest is one)."""
 
     @property
     def requested(self) -> bool: ...

@@ -38,7 +38,7 @@ from typing import IO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from app.hpo import preload_report
+from app.studies.report import preload as preload_report
 
 from .._errors import SweepConfigError
 from .._study._fleet_plan import FleetPlan, WorkerIdentity

@@ -17,9 +17,10 @@ from typing import Protocol
 import optuna
 from optuna.trial import FrozenTrial
 
+from app.config.budget import ReportAxis
+from app.config.jobs import report_axis_of
 from app.core.errors import ConfigError
 from app.core.registry import Registry
-from app.hpo import ReportAxis, report_axis_of
 
 from .._errors import SweepConfigError
 

@@ -1,5 +1,5 @@
 """hpo.batch_size_study: the study's completed trials as the analysis reads them
-(app/studies/batch_size.py, through app.hpo), its answer beside optimization_results.yaml."""
+(app/studies/batch_size.py), its answer beside optimization_results.yaml."""
 
 from __future__ import annotations
 
@@ -10,15 +10,10 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from app.hpo import (
-    BATCH_STUDY_IMAGE,
-    BatchSizeStudyConfig,
-    BatchTrial,
-    TrialAttrs,
-    analyse_batch_study,
-    batch_study_table,
-    plot_batch_study,
-)
+from app.config.hpo import BatchSizeStudyConfig
+from app.hpo import TrialAttrs
+from app.studies import batch_size
+from app.studies.batch_size import BatchTrial
 
 from .._study._warm_start import is_borrowed
 
@@ -73,10 +68,10 @@ def write_batch_study(
     """The analysis for optimization_results.yaml, its image written beside it; None (one
     warning) where it cannot be made: a study's results never fail over it."""
     try:
-        result = analyse_batch_study(batch_trials(study), cfg.target_loss)
-        image = plot_batch_study(result, Path(sweep_dir, BATCH_STUDY_IMAGE))
+        result = batch_size.analyse(batch_trials(study), cfg.target_loss)
+        image = batch_size.plot(result, Path(sweep_dir, batch_size.IMAGE))
     except Exception as e:
         log.warning("batch-size study not analysed: %s", e)
         return None
-    log.info("Batch-size study (%s):\n%s", image, batch_study_table(result))
+    log.info("Batch-size study (%s):\n%s", image, batch_size.table(result))
     return {**result.as_dict(), "image": str(image)}

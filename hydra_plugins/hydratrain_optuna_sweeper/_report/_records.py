@@ -19,7 +19,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from app.core.outcomes import Status
 from app.core.redact import mask_url_passwords
-from app.hpo import BATCH_STUDY_IMAGE, Ending, StudyRecord, TrialAttrs, TrialRecord, write_report
+from app.hpo import TrialAttrs
+from app.studies.batch_size import IMAGE as BATCH_STUDY_IMAGE
+from app.studies.report import Ending, StudyRecord, TrialRecord, write_report
 
 from .. import _private as private
 from .._pruners._asha import PAUSED

@@ -18,7 +18,8 @@ import optuna
 from omegaconf import OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
-from app.hpo import BatchSizeStudyConfig, TrialAttrs
+from app.config.hpo import BatchSizeStudyConfig
+from app.hpo import TrialAttrs
 
 from .._errors import NoTrialCompleted
 from .._study._best import own_best, own_front

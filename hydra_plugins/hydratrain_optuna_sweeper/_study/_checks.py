@@ -13,8 +13,10 @@ from collections.abc import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from app.config.compose import one_line
+from app.config.jobs import check_job_config, task_of
 from app.core.errors import ConfigError
-from app.hpo import check_job_config, objectives, one_line, task_of
+from app.hpo import objectives
 
 from .._errors import SweepConfigError
 from .._pruners._kind import pruner_kind

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from app.hpo import BatchSizeStudyConfig, HpoConfig, WarmStartConfig
+from app.config.hpo import BatchSizeStudyConfig, HpoConfig, WarmStartConfig
 
 from .._errors import SweepConfigError, first_line
 from .._pruners._kind import pruner_kind

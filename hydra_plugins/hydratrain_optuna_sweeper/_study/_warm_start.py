@@ -43,7 +43,8 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from app.hpo import ReportAxis, WarmStartConfig
+from app.config.budget import ReportAxis
+from app.config.hpo import WarmStartConfig
 
 from .._errors import SweepConfigError
 from .._private import contains, sampler_constraints, storage_of

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
-from app.hpo import visible_gpus
+from app.components.hardware.visible import visible_gpus
 
 from .._errors import SweepConfigError
 from .._fleet._gpu_share import check_shared_gpus

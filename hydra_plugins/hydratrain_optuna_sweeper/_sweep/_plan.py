@@ -28,7 +28,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, read_write
 from optuna.samplers import CmaEsSampler
 
-from app.hpo import BudgetUnit
+from app.config.budget import BudgetUnit
 
 from .._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepConfigError
 from .._fleet._jobs import FleetJob, worker_config
