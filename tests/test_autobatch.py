@@ -106,10 +106,10 @@ def test_probe_honours_injected_ooms_and_leaves_model_optimizer_and_rng_untouche
 
     assert plan.source == "probed" and plan.micro_batch_size <= 12
     assert sum(plan.micro_sizes) == 32 and max(plan.micro_sizes) == plan.micro_batch_size
-    rows = {r["micro"]: r for r in plan.details["candidates"]}
-    assert rows[12]["fits"] and rows[13]["oom"] and not rows[13]["fits"]  # bisected to 12|13
-    assert all(r["oom"] for m, r in rows.items() if m > 12)
-    assert max(rows) > 12 and rows[max(rows)]["oom"]  # it really tried (and failed) above 12
+    rows = {r.micro: r for r in plan.probe.candidates}
+    assert rows[12].fits and rows[13].oom and not rows[13].fits  # bisected to 12|13
+    assert all(r.oom for m, r in rows.items() if m > 12)
+    assert max(rows) > 12 and rows[max(rows)].oom  # it really tried (and failed) above 12
     assert max(probing.forwards) <= 12  # injected OOMs fire before the forward
     torch.testing.assert_close(model.state_dict(), before, rtol=0, atol=0)
     assert all(p.grad is None for p in model.parameters())
@@ -130,9 +130,10 @@ def test_cpu_probe_of_the_default_model_stays_within_its_bounds(cache_dir, probi
     cfg = tiny_cfg(cache_dir, "training.micro_batch_size=auto", base=base)
     plan = plan_for(cfg, probing)
     ab = cfg.training.auto_batch
-    d = plan.details
-    assert d["probe_steps"] <= ab.max_probe_steps  # its seconds: on a clock of its own, below
-    assert len(probing.forwards) == d["probe_steps"]
+    probe = plan.probe
+    assert probe is not None
+    assert probe.probe_steps <= ab.max_probe_steps  # its seconds: on a clock of its own, below
+    assert len(probing.forwards) == probe.probe_steps
     assert max(probing.forwards) <= min(ab.cpu_max_micro_batch, cfg.training.effective_batch_size)
 
 
@@ -144,7 +145,7 @@ def test_probe_stops_at_its_step_bound_with_the_best_fit_so_far(cache_dir, probi
         "training.auto_batch.throughput_aware=false",
     )
     plan = plan_for(cfg, probing)
-    assert len(probing.forwards) == plan.details["probe_steps"] <= 5
+    assert len(probing.forwards) == plan.probe.probe_steps <= 5
     assert plan.micro_batch_size == 2  # 1 and 2 fit (2 steps each); 4 would pass the bound
 
 
@@ -176,7 +177,7 @@ def test_auto_under_injected_oom_trains_exactly_like_that_micro_batch_fixed(cach
         want = [r[key] for r in f if key in r]
         assert len(got) == len(want) > 0
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
-    assert Summary.read(tmp_path / "auto").batch_details["probe_steps"] > 0
+    assert Summary.read(tmp_path / "auto").batch_details.probe.probe_steps > 0
 
 
 # --- the cache -------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ def test_same_shape_reads_the_cache_and_a_new_shape_probes_again(cache_dir, prob
     probing.forwards.clear()
 
     again = plan_for(cfg, probing)
-    assert again.source == "cached" and again.details["probe_steps"] == 0
+    assert again.source == "cached" and again.probe.probe_steps == 0
     assert not probing.forwards
     assert again.micro_batch_size == first.micro_batch_size
 
@@ -315,9 +316,9 @@ def test_the_measured_peak_memory_caps_the_probe(cache_dir, probing):
         "training.auto_batch.throughput_aware=false",
     )
     plan = plan_for(cfg, probing, LinearMemory(probing))
-    rows = {r["micro"]: r for r in plan.details["candidates"]}
-    assert rows[16]["fits"] is False and rows[16]["oom"] is False  # refused by memory, no OOM
-    assert rows[10]["fits"] and not rows[11]["fits"]
+    rows = {r.micro: r for r in plan.probe.candidates}
+    assert rows[16].fits is False and rows[16].oom is False  # refused by memory, no OOM
+    assert rows[10].fits and not rows[11].fits
     assert plan.micro_batch_size == 8  # 10 at most per micro-batch: 32 = 8 + 8 + 8 + 8
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from app.engine.records.batch import BatchDetails, Candidate, ProbeReport
 from app.engine.records.summary import Summary
 from app.gpu_suite import context, report
 from app.gpu_suite.context import StepContext, Suite
@@ -29,12 +30,10 @@ def overrides(argv: list[str]) -> dict[str, str]:
     return dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
 
 
-def candidates(micro: int) -> list[dict[str, Any]]:
+def probe(micro: int) -> BatchDetails:
     sizes = [1, 2, 4, 8, 16, 32, 64, 128]
-    return [
-        {"micro": m, "fits": m <= micro, "oom": m > micro, "peak_fraction": 0.014 * m}
-        for m in sizes
-    ]
+    rows = [Candidate(m, fits=m <= micro, oom=m > micro, peak_fraction=0.014 * m) for m in sizes]
+    return BatchDetails(ProbeReport(2.5, 12, "largest", 0.92, rows, None))
 
 
 def summary(run: str, o: dict[str, str]) -> Summary:
@@ -60,7 +59,7 @@ def summary(run: str, o: dict[str, str]) -> Summary:
         effective_batch_size=effective,
         eval_micro_batch_size=8 if run == "injected-eval" else micro,
         batch_source=source.get(run, "cached" if "auto" in str(o) else "fixed"),
-        batch_details={"candidates": candidates(64), "memory_limit_fraction": 0.92},
+        batch_details=probe(64),
         initial_val={"loss": 5.5},
         final_val={"loss": 2.1, "accuracy": 0.4},
         tokens_per_sec=400_000.0,

@@ -56,7 +56,7 @@ def test_oom_from_step_k_is_recovered_like_a_run_with_the_smaller_micro_batch_fr
 
     assert summary.status == "completed" and summary.oom_count == 1
     assert summary.batch_source == "reduced_after_oom" and summary.micro_batch_size == 8
-    assert summary.batch_details["oom_at_step"] == 3
+    assert summary.batch_details.ooms.at_step == 3
     # The failed attempt at step 3 stopped in its first forward; the retry did all 32 samples.
     assert [sizes for step, sizes in attempts if step == 3] == [[], [8, 8, 8, 8]]
     last_attempts = {step: sizes for step, sizes in attempts}
@@ -182,7 +182,7 @@ def test_an_oom_in_evaluation_is_recovered_with_the_same_validation_loss(cache_d
     faults = ["faults.oom_phase=eval", "faults.oom_above_micro_batch=4", "faults.oom_from_step=3"]
     summary = run_training(tiny_cfg(cache_dir, *faults), tmp_path / "oom")
     assert summary.status == "completed" and summary.oom_count == 2  # 16 -> 8 -> 4
-    assert summary.micro_batch_size == 4 and summary.batch_details["oom_at_step"] == 3
+    assert summary.micro_batch_size == 4 and summary.batch_details.ooms.at_step == 3
     # Evaluation at step 3 sums the same tokens in smaller chunks: the same loss.
     ref = run_training(tiny_cfg(cache_dir, "training.max_steps=3"), tmp_path / "ref")
     oom_val = [
@@ -201,12 +201,12 @@ def test_an_auto_run_teaches_the_cache_the_size_that_ran_out(cache_dir, tmp_path
         "faults.oom_from_step=3",  # after the probe: it picks 32, the run steps down to 8
     ]
     first = run_training(tiny_cfg(cache_dir, *faults), tmp_path / "a")
-    assert first.batch_details["reduced_from"] == 16 and first.micro_batch_size == 8
+    assert first.batch_details.ooms.reduced_from == 16 and first.micro_batch_size == 8
     assert first.oom_count == 2
 
     second = run_training(tiny_cfg(cache_dir, *faults), tmp_path / "b")
     assert second.batch_source == "cached" and second.micro_batch_size == 8
-    assert second.batch_details["probe_steps"] == 0  # the cache knew this shape: no probe
+    assert second.batch_details.probe.probe_steps == 0  # the cache knew this shape: no probe
     assert second.oom_count == 0
 
 
@@ -221,7 +221,7 @@ def test_a_step_redone_after_an_oom_in_the_optimizer_starts_from_clean_gradients
     summary = run_training(
         tiny_cfg(cache_dir, *no_clip, *faults, "faults.oom_from_step=3"), tmp_path / "oom"
     )
-    assert summary.oom_count == 1 and summary.batch_details["oom_at_step"] == 3
+    assert summary.oom_count == 1 and summary.batch_details.ooms.at_step == 3
     ref = tiny_cfg(cache_dir, *no_clip)
     run_training(ref, tmp_path / "ref", Observers(hooks=MicroBatchFrom(3, 8)))
     torch.testing.assert_close(

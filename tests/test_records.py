@@ -4,6 +4,7 @@ caught before it runs (by the type checker) or by a test (readers by name)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shutil
 import subprocess
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from app.engine.records.batch import BatchDetails, Candidate, OomRecord, ProbeReport
 from app.engine.records.summary import Summary
+from app.engine.report import probed_samples_per_sec
 from app.hpo import RUN_METRICS, TrialAttrs, objectives
 
 pytestmark = pytest.mark.unit
@@ -32,6 +35,29 @@ def test_the_json_round_trips_and_flattens_the_task_metrics():
     assert s.objective(["final_val_loss", "tokens_per_sec"]) == [1.0, 10.0]
     with pytest.raises(KeyError, match=r"'mfu' is not in summary\.json"):
         s.objective("mfu")
+
+
+def test_the_batch_details_are_typed_and_keep_summary_jsons_flat_keys():
+    """The probe's report and the OOMs are one typed record (BatchDetails), written as the flat
+    mapping summary.json has always held and read back as the same record."""
+    rows = [Candidate(8, True, False, 0.4, 900.0), Candidate(16, False, True, None, None)]
+    probe = ProbeReport(1.5, 6, "largest", 0.9, rows, "cache.json")
+    ooms = OomRecord(count=2, alloc_retries=None, at_step=3, reduced_from=16)
+    s = Summary(batch_details=BatchDetails(probe, ooms), effective_batch_size=32, world_size=2)
+    flat = s.to_json()["batch_details"]
+    assert isinstance(flat, dict)
+    assert set(flat) == {
+        "probe_seconds", "probe_steps", "chosen_by", "memory_limit_fraction", "candidates",
+        "cache", "oom_count", "oom_at_step", "reduced_from",
+    }  # fmt: skip
+    assert flat["candidates"] == [
+        {"micro": 8, "fits": True, "oom": False, "peak_fraction": 0.4, "samples_per_sec": 900.0},
+        {"micro": 16, "fits": False, "oom": True, "peak_fraction": None, "samples_per_sec": None},
+    ]
+    back = Summary.from_json(json.loads(json.dumps(s.to_json())))
+    assert back.batch_details == BatchDetails(probe, ooms)
+    assert probed_samples_per_sec(back) == 2 * 900.0  # the fastest fitting row, times the ranks
+    assert Summary.from_json(Summary().to_json()).batch_details == BatchDetails()  # set: empty
 
 
 def test_every_objective_a_study_may_name_is_a_key_summary_json_holds():

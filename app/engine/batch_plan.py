@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import TypedDict
 
 from app.components.data.loader import rank_share
 from app.config.training import EvalMicroBatch
 from app.core.errors import ConfigError
+from app.engine.records.batch import BatchDetails, OomRecord, ProbeReport
 
 
 def split_sizes(total: int, max_micro: int) -> list[int]:
@@ -54,50 +54,6 @@ def eval_micro_size(setting: EvalMicroBatch, micro: int) -> int | None:
     return EVAL_FACTOR * micro if setting.scaled else setting.size
 
 
-class Candidate(TypedDict):
-    """One row of the probe's table (summary.json's batch_details.candidates, the report)."""
-
-    micro: int
-    fits: bool
-    oom: bool
-    peak_fraction: float | None
-    samples_per_sec: float | None
-
-
-@dataclass(frozen=True)
-class ProbeReport:
-    """How training.micro_batch_size=auto chose: what probing cost (0 from the cache), the
-    sizes tried, the memory limit they were held to, the rule that chose, the cache file."""
-
-    probe_seconds: float
-    probe_steps: int
-    chosen_by: str
-    memory_limit_fraction: float
-    candidates: list[Candidate]
-    cache: str | None
-
-
-@dataclass(frozen=True)
-class OomRecord:
-    """The run's out-of-memory errors: how many, the allocator's retries before them (CUDA
-    only), the step the last one struck at and the micro-batch it struck."""
-
-    count: int = 0
-    alloc_retries: int | None = None
-    at_step: int | None = None
-    reduced_from: int | None = None
-
-    def as_details(self) -> dict[str, int]:
-        """summary.json's keys for them; none before the first OOM."""
-        out = {"oom_count": self.count} if self.count else {}
-        named = {
-            "alloc_retries": self.alloc_retries,
-            "oom_at_step": self.at_step,
-            "reduced_from": self.reduced_from,
-        }
-        return {**out, **{k: v for k, v in named.items() if v is not None}}
-
-
 @dataclass
 class BatchPlan:
     effective_batch_size: int
@@ -110,10 +66,9 @@ class BatchPlan:
     eval_micro_batch_size: int | None = None  # None: the training micro-batch
 
     @property
-    def details(self) -> dict[str, object]:
-        """The probe's report and the OOMs as summary.json records them (batch_details)."""
-        probe = asdict(self.probe) if self.probe is not None else {}
-        return {**probe, **self.ooms.as_details()}
+    def details(self) -> BatchDetails:
+        """The probe's report and the OOMs: summary.json's batch_details."""
+        return BatchDetails(self.probe, self.ooms)
 
     @property
     def eval_micro(self) -> int:
@@ -180,7 +135,7 @@ class BatchPlan:
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = asdict(self)
         del out["probe"], out["ooms"]
-        out["details"] = self.details
+        out["details"] = self.details.to_json()
         out["grad_accum_steps"] = self.grad_accum_steps
         out["micro_batch_sizes"] = self.micro_sizes
         return out

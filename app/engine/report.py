@@ -88,7 +88,7 @@ def plan_fields(plan: BatchPlan) -> dict[str, object]:
         "effective_batch_size": plan.effective_batch_size,
         "eval_micro_batch_size": plan.eval_micro,
         "batch_source": plan.source,
-        "batch_details": plan.details,
+        "batch_details": plan.details.to_json(),
     }
 
 
@@ -176,11 +176,9 @@ def probed_samples_per_sec(summary: Summary) -> float | None:
     """The fastest micro-batch the probe found fitting within a rank's share of the effective
     batch, times the ranks: the device's throughput at this batch, whatever micro-batch the run
     itself used (training.noise_scale halves it)."""
-    rows = summary.batch_details.get("candidates") or []
+    probe = summary.batch_details.probe
+    if probe is None:
+        return None
     share = math.ceil((summary.effective_batch_size or 0) / max(summary.world_size, 1))
-    speeds = [
-        float(r["samples_per_sec"])
-        for r in rows
-        if r.get("fits") and r.get("samples_per_sec") and int(r["micro"]) <= share
-    ]
-    return max(speeds) * summary.world_size if speeds else None
+    fastest = probe.fastest_fitting(share)
+    return None if fastest is None else fastest * summary.world_size

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.bench.throughput.report import Row
+from app.engine.records.batch import Candidate
 from app.engine.records.summary import Summary
 
 MetricsRow = Mapping[str, object]  # one line of metrics.jsonl: a step and its scalars
@@ -54,24 +55,16 @@ def loss_fell(s: Summary) -> tuple[bool, str]:
     return ok, f"{first:.4f} -> {last:.4f}"
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One micro-batch the probe tried: a row of summary.json's batch_details.candidates."""
-
-    micro: int
-    fits: bool
-    peak_fraction: float | None
-
-
 def candidates(s: Summary) -> list[Candidate]:
-    # summary.json's batch_details: the probe's report (ProbeReport), its rows typed as Candidate.
-    rows = s.batch_details.get("candidates") or []
-    return [Candidate(int(r["micro"]), bool(r.get("fits")), r.get("peak_fraction")) for r in rows]
+    """The rows of the probe's table (none when the micro-batch was set, or the run failed
+    before the probe)."""
+    probe = s.batch_details.probe
+    return probe.candidates if probe is not None else []
 
 
 def memory_limit_fraction(s: Summary) -> float | None:
-    value = s.batch_details.get("memory_limit_fraction")
-    return float(value) if isinstance(value, (int, float)) else None
+    probe = s.batch_details.probe
+    return probe.memory_limit_fraction if probe is not None else None
 
 
 @dataclass(frozen=True)

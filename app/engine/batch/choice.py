@@ -17,8 +17,8 @@ from app.components.hardware.devices import DeviceInfo
 from app.config.training import AutoBatchConfig
 from app.core.outcomes import TrainingOOM
 from app.engine.batch.cache import Trials, fits_below_failure
-from app.engine.batch_plan import Candidate
 from app.engine.comms.distributed import DistInfo
+from app.engine.records.batch import Candidate
 
 TIE = 0.03  # samples/s within 3% count as a tie (timing noise): the larger micro-batch wins
 TIMED_SIZES = 3  # split sizes timed near the top

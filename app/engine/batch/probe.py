@@ -49,8 +49,9 @@ from app.engine.batch.cache import (
 )
 from app.engine.batch.choice import agree_across_ranks, candidate_rows, choose, memory_limit
 from app.engine.batch.search import MemoryMeter, Probe
-from app.engine.batch_plan import BatchPlan, ProbeReport, fixed_plan
+from app.engine.batch_plan import BatchPlan, fixed_plan
 from app.engine.comms.distributed import agree_all
+from app.engine.records.batch import ProbeReport
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +121,10 @@ def describe(plan: BatchPlan) -> str | None:
     if d is None:
         return None
     rows = d.candidates
-    fits = ",".join(str(r["micro"]) for r in rows if r["fits"])
-    fails = ",".join(str(r["micro"]) for r in rows if not r["fits"])
-    speed = " ".join(
-        f"{r['micro']}:{r['samples_per_sec']:.0f}" for r in rows if r.get("samples_per_sec")
-    )
-    peaks = [p for r in rows if r["fits"] and (p := r["peak_fraction"]) is not None]
+    fits = ",".join(str(r.micro) for r in rows if r.fits)
+    fails = ",".join(str(r.micro) for r in rows if not r.fits)
+    speed = " ".join(f"{r.micro}:{r.samples_per_sec:.0f}" for r in rows if r.samples_per_sec)
+    peaks = [p for r in rows if r.fits and (p := r.peak_fraction) is not None]
     peak = f"{max(peaks):.2f}" if peaks else "?"
     return (
         f"{plan.source} in {d.probe_seconds:.1f}s / {d.probe_steps} steps; "

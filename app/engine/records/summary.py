@@ -19,6 +19,7 @@ from typing import Any, TypedDict, TypeVar
 
 from app.core.json_types import Json
 from app.core.outcomes import Status
+from app.engine.records.batch import BatchDetails
 
 _OPTIONAL = "optional"
 OPTIONAL = {_OPTIONAL: True}  # a result left out of summary.json while it is None
@@ -63,7 +64,7 @@ class Summary:
     effective_batch_size: int | None = None
     eval_micro_batch_size: int | None = None
     batch_source: str | None = None
-    batch_details: dict[str, Any] = field(default_factory=dict)  # BatchPlan.details
+    batch_details: BatchDetails = field(default_factory=BatchDetails)  # BatchPlan.details
     task_fields: dict[str, Json] = field(default_factory=dict)  # the task's own (label names)
     # The budget (app/config/budget.py): where the steps came from, and the learning rate
     budget_setting: str | None = None  # training.max_steps | max_samples | max_tokens
@@ -135,6 +136,8 @@ class Summary:
                 continue
             if value is None and f.metadata.get(_OPTIONAL):
                 continue
+            if isinstance(value, BatchDetails):
+                value = value.to_json()
             out[f.name] = value.value if isinstance(value, Status) else value
         out.update({f"initial_val_{k}": v for k, v in self.initial_val.items()})
         out.update({f"final_val_{k}": v for k, v in self.final_val.items()})
@@ -146,6 +149,7 @@ class Summary:
         """A summary.json read back (a finished run asked to resume)."""
         names = {f.name for f in dataclasses.fields(cls)}
         known = {k: v for k, v in data.items() if k in names}
+        known["batch_details"] = BatchDetails.from_json(known.get("batch_details") or {})
         summary = cls(**known)
         summary.initial_val = _prefixed(data, "initial_val_")
         summary.final_val = _prefixed(data, "final_val_")

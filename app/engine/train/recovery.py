@@ -14,9 +14,9 @@ from dataclasses import replace
 import torch
 
 from app.core.outcomes import TrainingOOM
-from app.engine.batch_plan import OomRecord
 from app.engine.comms.agreement import AgreedOOM
 from app.engine.comms.distributed import no_sync
+from app.engine.records.batch import OomRecord
 from app.engine.run import Run, Samples
 from app.engine.train.step import StepResult, first_sample, loss_sum, train_step
 

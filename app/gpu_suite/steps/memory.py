@@ -48,10 +48,10 @@ def probe(ctx: StepContext) -> None:
 
 def probed_checks(ctx: StepContext, s: Summary) -> None:
     run_figures(ctx, s)
-    d = s.batch_details
+    probe = s.batch_details.probe
     rows = readers.candidates(s)
     for key in ("probe_seconds", "probe_steps", "chosen_by"):  # the probe's own record
-        ctx.figure(key, d.get(key))
+        ctx.figure(key, getattr(probe, key, None))
     limit = readers.memory_limit_fraction(s)
     ctx.figure("memory_limit_fraction", limit)
     ctx.figure("fit", [r.micro for r in rows if r.fits])

@@ -1,4 +1,4 @@
-"""The study's report (report.html, app/studies/report through app.hpo): Optuna's trials read as
+"""The study's report (report.html, written by app/studies/report): Optuna's trials read as
 the report's records, with what this sweeper recorded on them (how each ended, its line, its
 worker, its cost and batch plan), and written after every sweep without ever failing one.
 
