@@ -1,7 +1,7 @@
 """The config nodes this sweeper registers, with the stock hydra-optuna-sweeper's names.
 
 Each stock key is declared once, in `STOCK_KEYS`: its stock default, the `hpo.*` setting it
-maps onto, and how its stock meaning differs. Both sweeper nodes are made from that table:
+maps onto (docs/hpo.md: how its stock meaning differs). Both sweeper nodes are made from it:
 
 - `hydra/sweeper=optuna`: the stock node, its keys and defaults (n_trials 20 more trials per
   run, storage null = in memory, study_name null = a fresh study, n_jobs 2, max_failure_rate 0).
@@ -146,23 +146,22 @@ class StockKey:
     kind: type | UnionType
     default: object  # the stock node's default
     setting: str | None  # the hpo.* setting it replaces when set (None: it has none)
-    differs: str  # what it means as a stock key, where that is not what `setting` means
 
 
 # One row per stock key: name, annotation, stock default, the hpo.* setting it replaces when
-# set, and how its stock meaning differs from that setting's.
+# set (how each stock meaning differs from that setting's: docs/hpo.md).
 # fmt: off
 STOCK_KEYS: tuple[StockKey, ...] = (
-    StockKey("sampler", Any, MISSING, "hpo.sampler", "a sampler config node (its group)"),
-    StockKey("direction", Any, "minimize", "hpo.direction", "a list: the returned tuple's"),
-    StockKey("storage", Any, None, "hpo.storage", "null: in memory, not a journal file"),
-    StockKey("study_name", str | None, None, "hpo.study_name", "null: a fresh study each run"),
-    StockKey("n_trials", int, 20, "hpo.n_trials", "more trials per run, not a study-wide total"),
-    StockKey("n_jobs", int, 2, None, "trials handed to the launcher at once; unset: 1"),
-    StockKey("max_failure_rate", float, 0.0, "hpo.max_failure_rate", "of a batch, not a worker"),
-    StockKey("params", Any, None, "hpo.params", "replaces it whole when it names a key"),
-    StockKey("custom_search_space", str | None, None, "hpo.search_space_fn", "fn(cfg, trial)"),
-    StockKey("search_space", Any, None, "hpo.params", "the legacy node, deprecated"),
+    StockKey("sampler", Any, MISSING, "hpo.sampler"),
+    StockKey("direction", Any, "minimize", "hpo.direction"),
+    StockKey("storage", Any, None, "hpo.storage"),
+    StockKey("study_name", str | None, None, "hpo.study_name"),
+    StockKey("n_trials", int, 20, "hpo.n_trials"),
+    StockKey("n_jobs", int, 2, None),
+    StockKey("max_failure_rate", float, 0.0, "hpo.max_failure_rate"),
+    StockKey("params", Any, None, "hpo.params"),
+    StockKey("custom_search_space", str | None, None, "hpo.search_space_fn"),
+    StockKey("search_space", Any, None, "hpo.params"),
 )
 # fmt: on
 

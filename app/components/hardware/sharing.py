@@ -27,10 +27,6 @@ class SharedGpu:
     memory_bytes: int  # hpo.gpu_memory_gib, else the card's (the smallest of the group)
     headroom: float  # the preset's memory_headroom: kept free, as the batch probe keeps it
 
-    @property
-    def usable_bytes(self) -> int:
-        return int(self.memory_bytes * (1.0 - self.headroom))
-
 
 def shared_gpu(devices: str, gpu: Mapping[str, object], memory_gib: float | None) -> SharedGpu:
     """The GPU(s) `devices` names as trials share it: `memory_gib` (hpo.gpu_memory_gib) stands

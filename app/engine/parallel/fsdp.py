@@ -83,12 +83,6 @@ def shard_model(
     return model
 
 
-def is_fsdp(model: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
 def full_state_dict(model: torch.nn.Module) -> dict[str, ValueType]:
     """The whole model's weights on rank 0's host (empty elsewhere): every rank must call it,
     each sends its shards."""

@@ -70,7 +70,7 @@ def evaluator() -> BaseImportanceEvaluator:
             return optuna.importance.PedAnovaImportanceEvaluator()
 
 
-def importance_order(record: StudyRecord, study: Study) -> list[str]:
+def importance_order(study: Study) -> list[str]:
     """The parameters, most important first (by the first objective)."""
     import optuna
 
@@ -88,7 +88,7 @@ def importance_order(record: StudyRecord, study: Study) -> list[str]:
 def importances(record: StudyRecord, study: Study) -> Figure:
     from optuna.visualization import plot_param_importances
 
-    importance_order(record, study)  # NotDrawn when there is nothing to rank
+    importance_order(study)  # NotDrawn when there is nothing to rank
     return plot_param_importances(
         study, evaluator=evaluator(), target=_target(study), target_name=record.metrics[0]
     )
@@ -97,7 +97,7 @@ def importances(record: StudyRecord, study: Study) -> Figure:
 def slices(record: StudyRecord, study: Study) -> Figure:
     from optuna.visualization import plot_slice
 
-    top = importance_order(record, study)[:2]
+    top = importance_order(study)[:2]
     return plot_slice(study, params=top, target=_target(study), target_name=record.metrics[0])
 
 

@@ -82,7 +82,7 @@ def _history(record: StudyRecord, study: Study) -> Figure:
 def _importances(record: StudyRecord, study: Study) -> Figure:
     from optuna.visualization.matplotlib import plot_param_importances
 
-    importance_order(record, study)
+    importance_order(study)
     target = None if len(study.directions) == 1 else (lambda t: t.values[0])
     axes = plot_param_importances(
         study, evaluator=evaluator(), target=target, target_name=record.metrics[0]

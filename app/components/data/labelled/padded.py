@@ -48,9 +48,6 @@ class PairInputs:
             kwargs["token_type_ids"] = self.token_type_ids
         return kwargs
 
-    def padded_tokens(self) -> int:
-        return self.input_ids.numel()
-
     def trimmed(self) -> PairInputs:
         """The same rows, padded only to their longest (rounded up to a multiple of 8)."""
         width = padded_length(int(self.lengths.max()), self.input_ids.shape[1])
