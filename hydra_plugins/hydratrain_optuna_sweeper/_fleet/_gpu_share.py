@@ -38,6 +38,7 @@ import optuna
 from omegaconf import OmegaConf
 
 from app.components.hardware.sharing import SharedGpu, shared_gpu
+from app.core.atomic import atomic_write_text
 from app.core.errors import ConfigError
 
 from .._errors import SweepConfigError
@@ -164,9 +165,7 @@ class Ledger:
             return Book([], [])
 
     def _write(self, book: Book) -> None:
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(book), indent=1))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, json.dumps(asdict(book), indent=1))
 
     def _alive(self, seat: Seat) -> bool:
         """A seat of this host's process that has ended is free (a worker killed mid-trial)."""

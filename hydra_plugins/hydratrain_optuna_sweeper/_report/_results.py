@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from omegaconf import OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
 from app.config.hpo import BatchSizeStudyConfig
+from app.core.atomic import atomic_write_text
 from app.hpo import TrialAttrs
 
 from .._errors import NoTrialCompleted
@@ -105,11 +105,8 @@ def write_results(
 ) -> Path:
     """Atomically (re)write the results; the last worker to finish leaves the final picture."""
     path = Path(sweep_dir, RESULTS_FILE)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     data = summarize(study, storage, metrics, batch_study, sweep_dir)
-    OmegaConf.save(OmegaConf.create(data), tmp)
-    os.replace(tmp, path)
+    atomic_write_text(path, OmegaConf.to_yaml(OmegaConf.create(data)))
     return path
 
 
