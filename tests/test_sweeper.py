@@ -31,8 +31,10 @@ from hydra_plugins.hydratrain_optuna_sweeper._study._settings import (
     read_settings,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
+    HEARTBEAT,
     StudyTrialBudget,
     fail_stale_trials,
+    heartbeat,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._study._space import (
     Entry,
@@ -552,6 +554,29 @@ def test_stale_trial_is_failed_and_requeued(tmp_path):
     assert optuna.storages.RetryFailedTrialCallback.retried_trial_number(retry) == old.number
     assert budget.next_trials(1)[0].number == retry.number  # the retry takes the freed slot
     assert len(budget.next_trials(1)) == 1 and budget.next_trials(1) == []
+
+
+def test_the_heartbeat_stamps_running_trials_while_their_jobs_run_and_stops_after(tmp_path):
+    """What keeps a long trial from being failed as stale by another worker: a stamp every
+    interval on a thread of its own, and no stamp once the jobs have returned."""
+    study, _spec = _study(tmp_path)
+    trial = study.ask()
+
+    def beat() -> float | None:
+        return study.get_trials()[0].system_attrs.get(HEARTBEAT)
+
+    with heartbeat(study, [trial], 0.02):
+        deadline = time.monotonic() + 10
+        while beat() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        first = beat()
+        assert first is not None
+        while beat() == first and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert beat() != first  # stamped again, not once
+    last = beat()
+    time.sleep(0.1)
+    assert beat() == last  # the thread ended with the body
 
 
 def test_a_stale_resumed_trial_is_retried_from_the_checkpoint_it_resumed_from(tmp_path):

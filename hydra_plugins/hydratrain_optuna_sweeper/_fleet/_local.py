@@ -43,7 +43,7 @@ from app.studies.report import preload as preload_report
 from .._errors import SweepConfigError
 from .._study._fleet_plan import FleetPlan, WorkerIdentity
 from .._study._settings import SweepSettings
-from .._study._shared import budget_lock, fail_as_stale
+from .._study._shared import budget_lock, every, fail_as_stale
 from .._study._space import format_value
 from .._study._warm_start import is_borrowed
 
@@ -81,19 +81,10 @@ class TrialTicker:
     @contextlib.contextmanager
     def in_background(self, interval: float) -> Iterator[None]:
         """Poll every `interval` seconds while the body waits (on a launcher's jobs)."""
-        stop = threading.Event()
-
-        def loop() -> None:
-            while not stop.wait(interval):
-                self.poll()
-
-        thread = threading.Thread(target=loop, name="hpo-fleet-ticker", daemon=True)
-        thread.start()
         try:
-            yield
+            with every(interval, self.poll, "hpo-fleet-ticker"):
+                yield
         finally:
-            stop.set()
-            thread.join()
             self.poll()
 
 

@@ -285,20 +285,31 @@ def stamp_heartbeat(study: optuna.Study, trial: Trial | FrozenTrial) -> None:
     private.set_system_attr(study, trial, HEARTBEAT, time.time())
 
 
-@contextlib.contextmanager
-def heartbeat(study: optuna.Study, trials: list[Trial], interval: float) -> Iterator[None]:
+def heartbeat(
+    study: optuna.Study, trials: list[Trial], interval: float
+) -> contextlib.AbstractContextManager[None]:
     """Stamp the trials every `interval` seconds while the body (their jobs) executes."""
-    stop = threading.Event()
 
     def beat() -> None:
-        while not stop.wait(interval):
-            for trial in trials:
-                try:
-                    stamp_heartbeat(study, trial)
-                except Exception as e:  # finished elsewhere, or a storage hiccup: next time
-                    log.debug("heartbeat for trial %d failed: %s", trial.number, e)
+        for trial in trials:
+            try:
+                stamp_heartbeat(study, trial)
+            except Exception as e:  # finished elsewhere, or a storage hiccup: next time
+                log.debug("heartbeat for trial %d failed: %s", trial.number, e)
 
-    thread = threading.Thread(target=beat, name="hpo-heartbeat", daemon=True)
+    return every(interval, beat, "hpo-heartbeat")
+
+
+@contextlib.contextmanager
+def every(interval: float, call: Callable[[], object], name: str) -> Iterator[None]:
+    """Call `call` every `interval` seconds on a thread of its own while the body runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            call()
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()
     try:
         yield
