@@ -19,7 +19,6 @@ from .._errors import SweepConfigError
 from .._fleet._gpu_share import check_shared_gpus
 from .._fleet._jobs import FleetJob, launch_fleet
 from .._fleet._local import LocalFleet, TrialTicker
-from .._report._results import write_results
 from .._study._fleet_plan import FleetPlan, fleet_worker, plan_fleet
 from .._study._settings import SweepSettings
 
@@ -76,13 +75,7 @@ class Fleet:
             job = self.make_job(self.plan)
             return launch_fleet(job, self.config, self.plan, ticker, s.liveness.poll_interval)
         finally:
-            write_results(
-                plan.study,
-                plan.mask(s.storage.text),
-                s.metrics,
-                plan.sweep_dir,
-                s.batch_size_study,
-            )
+            plan.write_results(final=True)
 
 
 def runs_here(config: DictConfig) -> bool:

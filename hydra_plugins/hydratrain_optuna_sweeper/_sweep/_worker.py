@@ -69,6 +69,15 @@ class Plan:
     judge: Judge | None = None  # where trials report (several objectives: the companion)
     warm: Borrowed | None = None  # hpo.warm_start: what this study takes from earlier ones
 
+    def write_results(self, final: bool = False) -> Path:
+        """optimization_results.yaml: after each trial; the study's analyses
+        (hpo.batch_size_study) only at the end."""
+        s = self.settings
+        batch_study = s.batch_size_study if final else None
+        return write_results(
+            self.study, self.mask(s.storage.text), s.metrics, self.sweep_dir, batch_study
+        )
+
 
 class Worker:
     def __init__(self, plan: Plan) -> None:
@@ -96,20 +105,9 @@ class Worker:
             finally:
                 if self.hparams is not None:
                     self.hparams.close()
-                path = self._write_results(final=True)
+                path = self.plan.write_results(final=True)
                 log.info("Results in %s", path)
         return self.stop.exit_status if self.stop.requested else 0
-
-    def _write_results(self, final: bool = False) -> Path:
-        """After each trial; the study's analyses (hpo.batch_size_study) only at the end."""
-        p = self.plan
-        return write_results(
-            self.study,
-            p.mask(p.settings.storage.text),
-            self.s.metrics,
-            p.sweep_dir,
-            self.s.batch_size_study if final else None,
-        )
 
     def _enqueue_initial(self) -> None:
         """hpo.enqueue: parameter sets to try first, queued once when the study is new. Where
@@ -333,7 +331,7 @@ class Worker:
         )
         if self.hparams is not None:
             self.hparams.write(frozen, self.s.metrics)
-        self._write_results()
+        self.plan.write_results()
 
     def _check_failures(self, outcomes: list[Outcome]) -> None:
         rule = self.s.failure
