@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import warnings
 from pathlib import Path
 
 import optuna
@@ -252,3 +253,20 @@ def test_how_a_budget_in_trials_worth_was_spent_is_in_the_report_as_the_sweeper_
     ):
         assert row in table
     assert trials_worth(study.get_trials(), 20) == pytest.approx(2.75)  # the sweeper's count
+
+
+def test_the_plots_of_a_warm_started_study_draw_its_own_trials_under_its_metric_names():
+    """Optuna's plots get a copy of the study without the trials it borrowed (hpo.warm_start),
+    which keeps the names of its objectives."""
+    from app.studies.report import own_trials
+    from hydra_plugins.hydratrain_optuna_sweeper._study._cost import BORROWED
+
+    study = optuna.create_study(directions=["minimize", "maximize"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # experimental in Optuna 4
+        study.set_metric_names(["final_val_loss", "tokens_per_sec"])
+    study.add_trial(create_trial(values=[1.0, 2.0], user_attrs={"reason": BORROWED}))
+    study.tell(study.ask(), [0.5, 3.0])
+    own = own_trials(study, _report.study_record(study, "memory"))
+    assert [t.values for t in own.get_trials()] == [[0.5, 3.0]]
+    assert own.metric_names == ["final_val_loss", "tokens_per_sec"]
