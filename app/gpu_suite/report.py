@@ -7,11 +7,12 @@ part runs replace their earlier records, the others are kept, and each part is l
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from app.core.atomic import atomic_write_text
 
 SCHEMA = "hydratrain-gpu-suite/1"
 STEP_STATUSES = ("passed", "failed", "timed_out", "skipped", "not_run")
@@ -99,15 +100,11 @@ def load(out: Path) -> Report:
 
 def write(out: Path, report: Report, markdown: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    _atomic(out / "report.json", json.dumps(report.to_dict(), indent=2, default=str) + "\n")
-    _atomic(out / "report.md", markdown)
-
-
-def _atomic(path: Path, text: str) -> None:
     # A suite killed mid-write leaves the previous complete file, never half of one.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(
+        out / "report.json", json.dumps(report.to_dict(), indent=2, default=str) + "\n"
+    )
+    atomic_write_text(out / "report.md", markdown)
 
 
 def now() -> str:

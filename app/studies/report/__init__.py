@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.core.atomic import atomic_write_text
+
 from .images import write_images
 from .page import render
 from .records import COLOURS, Ending, Line, StudyRecord, TrialRecord
@@ -41,9 +43,7 @@ def write_report(
     study = own_trials(study, record)
     write_images(record, study, out)
     page = out / REPORT
-    tmp = page.with_suffix(".html.tmp")
-    tmp.write_text(render(record, study, extra_images or {}), encoding="utf-8")
-    tmp.replace(page)  # a reader never sees half a page
+    atomic_write_text(page, render(record, study, extra_images or {}))  # never half a page
     return page
 
 
