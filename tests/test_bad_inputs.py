@@ -59,6 +59,17 @@ CASES = [
         "allowed: a scaled learning rate in (0, 1]",
     ),
     (
+        "adaptive-steps",
+        ["training.batch_schedule=adaptive"],
+        "training.batch_schedule=adaptive grows the batch as the run goes, so its budget must be",
+    ),
+    (
+        "adaptive-cap-below",
+        ["training.batch_schedule=adaptive", "training.max_effective_batch=4"],
+        "training.max_effective_batch=4 is below training.effective_batch_size=8",
+    ),
+    ("adaptive-word", ["training.batch_schedule=doubling"], "training.batch_schedule"),
+    (
         "noise-one-micro",
         ["training.noise_scale=true", "training.micro_batch_size=8"],
         "is the whole effective batch",

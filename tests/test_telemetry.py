@@ -172,7 +172,7 @@ class RecordingLogger:
 
 def fake_run(logger: RecordingLogger) -> SimpleNamespace:
     return SimpleNamespace(
-        scheduler=SimpleNamespace(get_last_lr=lambda: [1e-3]),
+        optimizer=SimpleNamespace(param_groups=[{"lr": 1e-3}]),
         plan=SimpleNamespace(effective_batch_size=4, micro_batch_size=2, grad_accum_steps=2),
         device=torch.device("cpu"),
         observers=SimpleNamespace(logger=logger),

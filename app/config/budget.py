@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from app.config.phases import BatchPhases
 from app.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -54,10 +55,12 @@ Setting = tuple[str, BudgetUnit, int]
 @dataclass(frozen=True)
 class TrainBudget:
     """One run's schedule at its effective batch. `unit` is what the budget and the report axis
-    count (steps, samples or tokens); `per_step` how many of them one optimizer step is."""
+    count (steps, samples or tokens); `per_step` how many of them one optimizer step is at the
+    first batch. `phases`: the batch over the steps (one phase unless the batch changes during
+    the run, which only a data budget allows); every count here reads them."""
 
     unit: BudgetUnit
-    batch: int  # the effective batch: samples per optimizer step, all ranks
+    batch: int  # the effective batch the run starts at: samples per optimizer step, all ranks
     setting: str  # the setting the budget came from: training.max_steps | max_samples | ...
     total: int  # the budget, in `unit`
     per_step: int
@@ -73,19 +76,79 @@ class TrainBudget:
     # What the LR schedule reads besides the steps (app/components/schedule.py)
     schedule: str = "cosine"
     min_lr_ratio: float = 0.1
+    lr_scaling: str = "none"
+    reference_batch: int = 32
+    phases: BatchPhases | None = None  # None: one phase at `batch`
+
+    @property
+    def batch_phases(self) -> BatchPhases:
+        return self.phases or BatchPhases.fixed(self.batch)
 
     # -- where a step falls ---------------------------------------------------------------------
 
     def seen(self, done: int) -> int:
         """Data (in `unit`) seen after `done` optimizer steps."""
-        return done * self.per_step
+        if self.unit is BudgetUnit.STEPS:
+            return done
+        samples = self.samples_seen(done)
+        return samples * self._tokens if self.unit is BudgetUnit.TOKENS else samples
 
     def samples_seen(self, done: int) -> int:
-        return done * self.batch
+        return self.batch_phases.samples_seen(done)
 
     def tokens_seen(self, done: int) -> int | None:
         """None where samples vary in length (padded)."""
-        return done * self.batch * self.tokens_per_sample if self.tokens_per_sample else None
+        return self.samples_seen(done) * self.tokens_per_sample if self.tokens_per_sample else None
+
+    def batch_at(self, step: int) -> int:
+        """The effective batch optimizer step `step` (0-based) trains at."""
+        return self.batch_phases.batch_at(step)
+
+    def position(self, step: int) -> float:
+        """Where the schedule is after `step` steps, in steps of the first batch: the data seen
+        over the first batch (exactly `step` while the batch has not changed), so the learning
+        rate's warm-up and decay follow the data whatever the batch does."""
+        return self.samples_seen(step) / self.batch
+
+    def lr_scale(self, step: int) -> float:
+        """The learning rate of step `step` over the first batch's: training.lr_scaling applied
+        to the batch it trains at (1 while the batch has not changed)."""
+        at = self.batch_at(step)
+        if at == self.batch:
+            return 1.0
+        ref = self.reference_batch
+        return lr_factor(self.lr_scaling, at, ref) / lr_factor(self.lr_scaling, self.batch, ref)
+
+    def with_batch_from(self, step: int, batch: int) -> TrainBudget:
+        """This budget with the effective batch `batch` from optimizer step `step` on (a data
+        budget only): the steps it takes to the budget follow."""
+        return self.with_phases(self.batch_phases.with_batch_from(step, batch))
+
+    def with_phases(self, phases: BatchPhases) -> TrainBudget:
+        """This budget over `phases` (a data budget only; they start at its batch)."""
+        if self.unit is BudgetUnit.STEPS:
+            raise ValueError("a budget in steps cannot change its batch: the data would change")
+        if phases.first.batch != self.batch:
+            raise ValueError(f"the phases start at batch {phases.first.batch}, not {self.batch}")
+        return dataclasses.replace(self, phases=phases, max_steps=phases.steps_to(self._samples))
+
+    @property
+    def schedule_steps(self) -> int:
+        """Where the learning-rate schedule ends, in steps of the first batch: the steps the
+        budget takes at that batch (max_steps while it does not change; a change leaves it)."""
+        if self.unit is BudgetUnit.STEPS:
+            return self.max_steps
+        return math.ceil(self._samples / self.batch)
+
+    @property
+    def _samples(self) -> int:
+        """A data budget in samples (the fewest that hold its tokens)."""
+        return math.ceil(self.total / (self._tokens if self.unit is BudgetUnit.TOKENS else 1))
+
+    @property
+    def _tokens(self) -> int:
+        """Every sample's tokens: set wherever the unit is tokens (budget_of checks it)."""
+        return self.tokens_per_sample or 0
 
     def data_seen(self, done: int) -> dict[str, float]:
         """The data seen after `done` steps as logged metrics: the axis on which runs of
@@ -165,10 +228,8 @@ def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> TrainBudget:
     setting, unit, total = _budget_setting(t, tokens_per_sample)
     batch, ref = t.effective_batch_size, t.reference_batch
     tokens = tokens_per_sample or 0  # checked above: set wherever the unit is tokens
-    per_step = {BudgetUnit.STEPS: 1, BudgetUnit.SAMPLES: batch, BudgetUnit.TOKENS: batch * tokens}[
-        unit
-    ]
-    max_steps = math.ceil(total / per_step)
+    steps = {BudgetUnit.STEPS: 1, BudgetUnit.SAMPLES: batch, BudgetUnit.TOKENS: batch * tokens}
+    per_step = steps[unit]
 
     def interval(steps: int) -> int:
         """A count of reference steps as an interval in `unit`."""
@@ -196,7 +257,7 @@ def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> TrainBudget:
         setting=setting,
         total=total,
         per_step=per_step,
-        max_steps=max_steps,
+        max_steps=math.ceil(total / per_step),
         warmup_steps=steps_of(t.warmup_steps),
         eval_every=interval(t.eval_every),
         log_every=interval(t.log_every),
@@ -207,6 +268,8 @@ def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> TrainBudget:
         tokens_per_sample=tokens_per_sample,
         schedule=t.schedule,
         min_lr_ratio=t.min_lr_ratio,
+        lr_scaling=t.lr_scaling,
+        reference_batch=ref,
     )
 
 
@@ -223,6 +286,25 @@ def check_budget(t: TrainingConfig, tokens_per_sample: int | None) -> None:
         )
     if budget.lr_factor != 1.0:
         _check_scaled_lr(t, budget)
+    if t.batch_schedule == "adaptive":
+        _check_adaptive(t, budget)
+
+
+def _check_adaptive(t: TrainingConfig, budget: TrainBudget) -> None:
+    """The adaptive schedule needs a budget in data (a budget in steps would grow with the
+    batch), and the rate lr_scaling gives its largest batch must be one the optimizer takes."""
+    if budget.unit is BudgetUnit.STEPS:
+        raise ConfigError(
+            f"training.batch_schedule=adaptive grows the batch as the run goes, so its budget "
+            f"must be data, but it is {budget.total} steps ({budget.setting}); allowed: "
+            "training.max_samples or training.max_tokens, or training.default_budget=data"
+        )
+    top = dataclasses.replace(t, effective_batch_size=t.batch_cap, batch_schedule="fixed")
+    if lr_factor(t.lr_scaling, t.batch_cap, t.reference_batch) != 1.0:
+        try:
+            _check_scaled_lr(top, budget_of(top, budget.tokens_per_sample))
+        except ConfigError as exc:
+            raise ConfigError(f"training.max_effective_batch={t.batch_cap}: {exc}") from None
 
 
 def _length(budget: TrainBudget) -> str:

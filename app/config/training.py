@@ -25,6 +25,7 @@ FAULT_PHASES = ("forward", "backward", "optimizer", "eval")
 PARALLELISMS = ("ddp", "fsdp")
 LR_SCALINGS = ("none", "sqrt", "linear")  # app/config/budget.py applies them
 DEFAULT_BUDGETS = ("steps", "data")  # app/config/budget.py resolves them
+BATCH_SCHEDULES = ("fixed", "adaptive")  # app/engine/train/batch_growth.py follows adaptive
 
 
 def _optimizers() -> tuple[str, ...]:
@@ -46,6 +47,16 @@ class AutoBatchConfig:
     cpu_max_micro_batch: int = positive_int(64)
     cpu_memory_fraction: float = fraction(0.5, low_open=True)
     oom_recovery: bool = True
+
+
+@dataclass
+class AdaptiveBatchConfig:
+    """training.batch_schedule=adaptive's rule (app/engine/batch_schedule.py): double the
+    effective batch when the smoothed gradient noise scale has stayed at or above
+    `noise_fraction` x the batch for `patience_steps` steps of training.reference_batch."""
+
+    noise_fraction: float = bounded(2.0, low=0.0, low_open=True)
+    patience_steps: int = count(25)
 
 
 @dataclass
@@ -120,6 +131,13 @@ class TrainingConfig:
     # critical batch size, from the gradients each step already has
     # (app/engine/records/noise_scale.py).
     noise_scale: bool = False
+    # fixed | adaptive: adaptive starts at effective_batch_size and doubles it (through
+    # accumulation) as the measured noise scale grows (adaptive_batch's rule), up to
+    # max_effective_batch, the learning rate following lr_scaling at each change. It measures the
+    # noise scale whatever noise_scale says, and needs a budget in data (the steps follow).
+    batch_schedule: str = one_of("fixed", BATCH_SCHEDULES)
+    max_effective_batch: int | None = positive_int(None, nullable=True)  # null: 8 x the start
+    adaptive_batch: AdaptiveBatchConfig = field(default_factory=AdaptiveBatchConfig)
     # An optimizer of app/components/optim/ (adamw, lion, adafactor) and its own settings, a
     # mapping of the fields of that optimizer's Args (e.g. {beta2_decay: -0.8} for adafactor):
     # untyped here, since only the optimizer knows its fields; it parses them into its Args.
@@ -201,22 +219,54 @@ class TrainingConfig:
                 f"training.optimizer={self.optimizer} cannot step the sharded parameters of "
                 f"training.parallelism=fsdp; allowed with fsdp: {able}"
             )
-        if self.noise_scale and self.parallelism == "fsdp":
+        self._check_noise_scale()
+        self._check_batch_schedule()
+
+    @property
+    def measures_noise(self) -> bool:
+        """The gradient noise scale is estimated: asked for, or the adaptive schedule reads it."""
+        return self.noise_scale or self.batch_schedule == "adaptive"
+
+    @property
+    def batch_cap(self) -> int:
+        """The largest effective batch the run may train at."""
+        if self.batch_schedule == "fixed":
+            return self.effective_batch_size
+        return self.max_effective_batch or 8 * self.effective_batch_size
+
+    def _check_noise_scale(self) -> None:
+        if not self.measures_noise:
+            return
+        why = (
+            "training.noise_scale=true"
+            if self.noise_scale
+            else "training.batch_schedule=adaptive (it reads the gradient noise scale)"
+        )
+        if self.parallelism == "fsdp":
             raise ConfigError(
-                "training.noise_scale=true needs each rank's local gradient, which "
-                "training.parallelism=fsdp shards as it reduces; allowed with fsdp: false"
+                f"{why} needs each rank's local gradient, which training.parallelism=fsdp "
+                "shards as it reduces; allowed with fsdp: "
+                + ("false" if self.noise_scale else "fixed")
             )
         fixed = self.fixed_micro_batch
-        if self.noise_scale and self.effective_batch_size < 2:
+        if self.effective_batch_size < 2:
             raise ConfigError(
-                "training.noise_scale=true compares two batch sizes, but "
-                "training.effective_batch_size=1 cannot be split; allowed: an effective batch >= 2"
+                f"{why} compares two batch sizes, but training.effective_batch_size=1 cannot be "
+                "split; allowed: an effective batch >= 2"
             )
-        if self.noise_scale and fixed is not None and fixed >= self.effective_batch_size:
+        if fixed is not None and fixed >= self.effective_batch_size:
             raise ConfigError(
-                f"training.noise_scale=true compares one micro-batch's gradient with the whole "
-                f"step's, but training.micro_batch_size={fixed} is the whole effective batch; "
-                f"allowed: 1..{self.effective_batch_size - 1} (or auto)"
+                f"{why} compares one micro-batch's gradient with the whole step's, but "
+                f"training.micro_batch_size={fixed} is the whole effective batch; allowed: "
+                f"1..{self.effective_batch_size - 1} (or auto)"
+            )
+
+    def _check_batch_schedule(self) -> None:
+        cap = self.max_effective_batch
+        if cap is not None and cap < self.effective_batch_size:
+            raise ConfigError(
+                f"training.max_effective_batch={cap} is below training.effective_batch_size="
+                f"{self.effective_batch_size}; allowed: null or >= {self.effective_batch_size}"
             )
 
     def _check_batch(self) -> None:

@@ -101,6 +101,7 @@ def print_banner(summary: Summary, run: Run, machine: Machine, config: TrainConf
         summary.precision_line(),
         f"batch      {run.plan.describe()}",
         *([f"autobatch  {how}"] if (how := describe_choice(run.plan)) else []),
+        *([f"schedule   {run.growth.describe(run.budget)}"] if run.growth is not None else []),
         f"{step}, {summary.num_params:,} parameters",
         memory_line(summary.model_state_bytes, whole_model_bytes(run.raw_model), run.dist),
         f"budget     {run.budget.describe()}",
@@ -159,6 +160,9 @@ def write_summary(run_dir: Path, summary: Summary) -> None:
 def summarize_run(run: Run, summary: Summary) -> None:
     """The figures known once the run has ended: the final plan, peak memory, OOMs, MFU."""
     record_plan(summary, run.plan)
+    if run.growth is not None:
+        summary.batch_schedule = run.budget.batch_phases.to_json()
+        summary.max_steps = run.budget.max_steps  # the steps the batches it reached took
     summary.peak_memory_bytes = peak_memory_bytes(run.device)
     if run.device.type == "cuda" and summary.device_memory_bytes:
         summary.peak_memory_fraction = summary.peak_memory_bytes / summary.device_memory_bytes

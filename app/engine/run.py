@@ -20,6 +20,7 @@ from app.config.budget import TrainBudget
 from app.config.training import TrainingConfig
 from app.core.preemption import StopRequest
 from app.engine.batch_plan import BatchPlan
+from app.engine.batch_schedule import BatchGrowth
 from app.engine.comms.agreement import Agreement
 from app.engine.comms.distributed import DistInfo
 from app.engine.faults import FaultInjector
@@ -131,6 +132,7 @@ class Run:
     facts: ModelFacts = field(default_factory=ModelFacts)
     agreement: Agreement = field(default_factory=Agreement)  # ranks agreeing on OOMs
     noise: NoiseScale | None = None  # training.noise_scale: the gradient noise scale
+    growth: BatchGrowth | None = None  # training.batch_schedule=adaptive
 
     def release_model(self) -> None:
         """The model and its optimizer let go while the process group is registered (the run

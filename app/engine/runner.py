@@ -7,7 +7,7 @@ import dataclasses
 import gc
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -19,7 +19,7 @@ from app.components.hardware.precision import apply_precision_flags, resolve_pre
 from app.components.models.pretrained_dir import tokenizer_warning
 from app.components.models.shape import model_shape
 from app.components.optim import OPTIMIZERS
-from app.components.schedule import build_scheduler
+from app.components.schedule import LrSchedule, build_scheduler
 from app.components.tasks import build_task
 from app.components.tasks.base import Task, TaskData
 from app.components.tracking.sinks import build_sinks
@@ -49,10 +49,12 @@ from app.engine.report import (
     summarize_run,
     write_summary,
 )
-from app.engine.run import Machine, ModelFacts, Observers, Run, Samples
+from app.engine.run import Machine, ModelFacts, Observers, Run
 from app.engine.saving import checkpoint as ckpt
 from app.engine.saving.state import restore
 from app.engine.start_checks import AlreadyComplete, check_start, model_identity
+from app.engine.step_data import StepsFrom
+from app.engine.train.batch_growth import build_growth, resumed_budget
 from app.engine.train.loop import train
 from app.hpo import TrialAttrs, build_reporter
 
@@ -203,21 +205,21 @@ def build_run(
     budget = config.budget()
     setup = probe_setup(config, machine, task, budget)
     plan = choose_plan(setup, model, data)
-    at_batch = dataclasses.replace(config.training, lr=budget.lr)  # lr_scaling applied
-    optimizer = OPTIMIZERS.get(config.training.optimizer).create(model, at_batch)
-    start_step = int(state.step) if state is not None else 0
+    optimizer = build_optimizer(config, model, budget)
+    budget, plan, start_step = at_resume(config, state, budget, plan)
+    lr_schedule, steps_from = LrSchedule(budget), StepsFrom(config, machine, data)
     if config.training.fixed_micro_batch is None and dist.is_main:
         observers.on_plan_change = oom_listener(setup, model)
     run = Run(
         model=forward_model(model, config, machine),
         raw_model=model,
         optimizer=optimizer,
-        scheduler=build_scheduler(optimizer, budget),
+        scheduler=build_scheduler(optimizer, budget, lr_schedule),
         plan=plan,
         precision=machine.precision,
         device=tdev,
         cfg=config.training,
-        steps=iter(step_loader(config, machine, data, plan, start_step, budget.max_steps)),
+        steps=steps_from(start_step, budget),
         val_blocks=data.val[: config.training.eval_samples],
         run_dir=run_dir,
         task=task,
@@ -230,22 +232,44 @@ def build_run(
         facts=facts,
         agreement=agreement(config, dist),
         noise=noise_scale(config, plan, tdev),
+        growth=build_growth(config.training, lr_schedule, steps_from),
     )
-    if state is not None:
-        resume(run, state)
+    resume(run, state)
     if dist.is_main:  # last: a run refused above has written nothing
         start_logging(run, config, machine)
     return run
 
 
 def noise_scale(config: TrainConfig, plan: BatchPlan, device: torch.device) -> NoiseScale | None:
-    if not config.training.noise_scale:
+    if not config.training.measures_noise:
         return None
     check_plan(plan.grad_accum_steps, plan.micro_batch_size, plan.effective_batch_size)
     return NoiseScale(plan.effective_batch_size, device)
 
 
-def resume(run: Run, state: ckpt.TrainState) -> None:
+def build_optimizer(
+    config: TrainConfig, model: torch.nn.Module, budget: TrainBudget
+) -> torch.optim.Optimizer:
+    """training.optimizer at the rate lr_scaling gives the run's first batch."""
+    at_batch = dataclasses.replace(config.training, lr=budget.lr)
+    return OPTIMIZERS.get(config.training.optimizer).create(model, at_batch)
+
+
+def at_resume(
+    config: TrainConfig, state: ckpt.TrainState | None, budget: TrainBudget, plan: BatchPlan
+) -> tuple[TrainBudget, BatchPlan, int]:
+    """The budget, plan and first step a checkpoint resumes at (a fresh start: as given, 0). A
+    batch that grew resumes at the batch it had reached, over its checkpoint's phases."""
+    if state is None:
+        return budget, plan, 0
+    step = int(state.step)
+    budget = resumed_budget(budget, state.batch_schedule, config.training)
+    return budget, dataclasses.replace(plan, effective_batch_size=budget.batch_at(step)), step
+
+
+def resume(run: Run, state: ckpt.TrainState | None) -> None:
+    if state is None:
+        return
     try:
         restore(run, state)
     except (RuntimeError, KeyError, ValueError) as exc:  # another model's checkpoint
@@ -316,38 +340,6 @@ def choose_plan(setup: ProbeSetup, model: torch.nn.Module, data: TaskData) -> Ba
     size = eval_micro_size(t.eval_micro_batch, plan.micro_batch_size)
     # Never more than the validation samples.
     return plan.with_eval_micro_batch(None if size is None else max(1, min(size, t.eval_samples)))
-
-
-def step_loader(
-    config: TrainConfig,
-    machine: Machine,
-    data: TaskData,
-    plan: BatchPlan,
-    start_step: int,
-    max_steps: int,
-) -> Iterable[Samples]:
-    from app.components.data.loader import StepDataset, make_step_loader, resolve_num_workers
-
-    d, dist = config.data, machine.dist
-    dataset = StepDataset(
-        data.train,
-        plan.effective_batch_size,
-        d.seed,
-        rank=dist.rank,
-        world_size=dist.world_size,
-        lengths=data.train_lengths if d.length_grouping else None,
-        group_steps=d.group_steps,
-    )
-    on_cuda = machine.device.type == "cuda"
-    return make_step_loader(
-        dataset,
-        start_step,
-        max_steps - start_step,
-        num_workers=resolve_num_workers(d.fixed_num_workers, machine.preset.dataloader_workers),
-        pin_memory=on_cuda if d.pin_memory is None else bool(d.pin_memory and on_cuda),
-        persistent_workers=d.persistent_workers,
-        prefetch_factor=d.prefetch_factor,
-    )
 
 
 def finish(

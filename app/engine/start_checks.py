@@ -180,6 +180,9 @@ def resume_checkpoint(config: TrainConfig, run_dir: Path) -> Path | None:
     check_resume_matches(config, found, saved)
     budget = config.budget()
     check_resume_batch(config, found, saved, budget.unit)
+    from app.engine.train.batch_growth import resumed_budget
+
+    budget = resumed_budget(budget, state.batch_schedule, config.training)  # the steps it took
     if int(state.step) >= budget.max_steps:
         steps = "" if budget.unit is BudgetUnit.STEPS else f", {budget.max_steps} steps"
         raise AlreadyComplete(

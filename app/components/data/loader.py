@@ -59,8 +59,21 @@ def step_sample_indices(
     """Sample indices of optimizer step `step`: global samples [step*n, (step+1)*n) of the
     epoch-wise permuted stream, wrapping into the next epoch's permutation. `epoch_order`
     gives an epoch's order (default: a plain permutation)."""
+    start, end = step * samples_per_step, (step + 1) * samples_per_step
+    return stream_indices(num_blocks, start, end, seed, epoch_order)
+
+
+def stream_indices(
+    num_blocks: int,
+    start: int,
+    end: int,
+    seed: int,
+    epoch_order: Callable[[int], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Sample indices of global samples [start, end) of the epoch-wise permuted stream: the
+    same samples in the same order whatever the steps that cut it (a batch that changes)."""
     order = epoch_order or (lambda epoch: _epoch_permutation(num_blocks, seed, epoch))
-    pos, end = step * samples_per_step, (step + 1) * samples_per_step
+    pos = start
     parts = []
     while pos < end:
         epoch, offset = divmod(pos, num_blocks)
@@ -74,7 +87,9 @@ class StepDataset(Dataset):
     """Item `step` = the samples of optimizer step `step` for this rank: `blocks[indices]`
     (int64 [n, seq_len + 1] packed blocks, or padded rows), n = this rank's share of
     `samples_per_step`. With `lengths`, the order is length-grouped in groups of
-    `group_steps` steps' samples."""
+    `group_steps` steps' samples. `step_span`, where the batch changes during the run: step ->
+    its global samples [start, end) (app/config/phases.py's BatchPhases.span; the groups stay
+    those of `samples_per_step`, the first batch, so the stream does not depend on the changes)."""
 
     def __init__(
         self,
@@ -85,6 +100,7 @@ class StepDataset(Dataset):
         world_size: int = 1,
         lengths: torch.Tensor | None = None,
         group_steps: int = 50,
+        step_span: Callable[[int], tuple[int, int]] | None = None,
     ) -> None:
         if samples_per_step < world_size:
             raise ValueError(
@@ -100,6 +116,7 @@ class StepDataset(Dataset):
         self.world_size = world_size
         self.lengths = lengths
         self.group = group_steps * samples_per_step
+        self.step_span = step_span
         self._orders: dict[int, torch.Tensor] = {}  # epoch -> grouped order (the last two)
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
@@ -112,9 +129,9 @@ class StepDataset(Dataset):
         return self._orders[epoch]
 
     def step_indices(self, step: int) -> torch.Tensor:
-        idx = step_sample_indices(
-            len(self.blocks), self.samples_per_step, step, self.seed, self.epoch_order
-        )
+        n = self.samples_per_step
+        start, end = self.step_span(step) if self.step_span else (step * n, (step + 1) * n)
+        idx = stream_indices(len(self.blocks), start, end, self.seed, self.epoch_order)
         return idx[rank_slice(len(idx), self.rank, self.world_size)]
 
     def __getitem__(self, step: int) -> Any:

@@ -70,7 +70,7 @@ def auto_plan(
     upper = max(1, min(per_rank, cap))
     # The noise scale compares two micro-batch sizes: at least two a step. Probed to the whole
     # share still, so the throughput found for this batch does not depend on it.
-    pick = max(1, min(upper, per_rank // 2)) if t.noise_scale else upper
+    pick = max(1, min(upper, per_rank // 2)) if t.measures_noise else upper
     limit = memory_limit(device, setup.machine.preset, ab)
     key = cache_key(setup, model)
     path = cache_path(setup.cache_dir, key) if setup.cache_dir is not None else None

@@ -101,6 +101,9 @@ class Summary:
     # training.noise_scale: the smoothed gradient noise scale B_simple in samples at the last
     # log point, the critical batch size it predicts (McCandlish et al. 2018)
     noise_scale: float | None = field(default=None, metadata=OPTIONAL)
+    # training.batch_schedule=adaptive: the effective batch over the run, one {step, samples,
+    # batch} per phase (the step and the samples seen where that batch began)
+    batch_schedule: list[dict[str, int]] | None = field(default=None, metadata=OPTIONAL)
     # The probe's samples/s for this effective batch: its fastest micro-batch that fits in a
     # rank's share, times the ranks (the batch-size study's throughput per batch)
     probe_samples_per_sec: float | None = field(default=None, metadata=OPTIONAL)

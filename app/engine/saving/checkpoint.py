@@ -59,6 +59,9 @@ class TrainState:
     # training.noise_scale's averages (NoiseScale.state_dict); empty without it, or written
     # before they were kept (the estimate then starts again)
     noise: dict[str, float | int] = field(default_factory=dict)
+    # training.batch_schedule=adaptive: its phases and its rule's state (BatchGrowth.state_dict);
+    # empty for a fixed batch
+    batch_schedule: dict[str, object] = field(default_factory=dict)
     # what shaped the model: a resume is checked against it
     config: dict[str, object] | None = None
     tokenizer_sha256: str | None = None  # which tokenizer the export pairs it with

@@ -83,6 +83,7 @@ def capture_small(run: Run, step: int) -> TrainState:
         scaler=run.scaler.state_dict() if run.scaler else {},
         plan=run.plan.as_dict(),
         noise=run.noise.state_dict() if run.noise is not None else {},
+        batch_schedule=dict(run.growth.state_dict(run.budget)) if run.growth is not None else {},
         config=run.facts.identity,
         tokenizer_sha256=run.facts.tokenizer,
     )
@@ -104,5 +105,7 @@ def restore(run: Run, state: TrainState) -> None:
         run.scaler.load_state_dict(state.scaler)
     if run.noise is not None and state.noise:
         run.noise.load_state_dict(state.noise)
+    if run.growth is not None and state.batch_schedule:
+        run.growth.load_state_dict(state.batch_schedule)
     ckpt.set_rng_state(state.rng)
     run.start_step = int(state.step)

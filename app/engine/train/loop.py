@@ -15,6 +15,7 @@ from app.engine.records.profiling import StepProfiler
 from app.engine.records.summary import Summary
 from app.engine.run import Run, Samples
 from app.engine.saving.state import save
+from app.engine.train.batch_growth import grow_at_log_point
 from app.engine.train.evaluation import eval_and_report
 from app.engine.train.metering import ProgressBar, Throughput, Window, log_window
 from app.engine.train.recovery import step_with_recovery
@@ -24,7 +25,7 @@ from app.engine.train.step import StepResult
 def train(run: Run, summary: Summary | None = None) -> Summary:
     """Run to the budget's last step (logs, evaluations, checkpoints where it places them);
     return the summary, which holds the progress of a run ended early by an outcome."""
-    cfg, budget, last = run.cfg, run.budget, run.budget.max_steps
+    cfg = run.cfg
     summary = Summary() if summary is None else summary
     start_summary(run, summary)
     if run.start_step == 0 and cfg.eval_at_start:
@@ -33,11 +34,18 @@ def train(run: Run, summary: Summary | None = None) -> Summary:
     meter = Throughput(run.device)
     window = Window(torch.zeros((), device=run.device))
     profiler = StepProfiler(
-        budget.profiler, run.run_dir, run.device, last, run.dist.rank, resumed_at=run.start_step
+        run.budget.profiler,
+        run.run_dir,
+        run.device,
+        run.budget.max_steps,
+        run.dist.rank,
+        resumed_at=run.start_step,
     )
     bar = _progress(run)
+    step = run.start_step
     try:
-        for step in range(run.start_step, last):
+        # The budget is read again at every step: an adaptive batch changes its steps.
+        while step < run.budget.max_steps:
             batch = next(run.steps)
             run.observers.hooks.on_step_start(run, step, batch)
             if profiler.covers(step):
@@ -47,21 +55,8 @@ def train(run: Run, summary: Summary | None = None) -> Summary:
                 window.add(step_with_recovery(run, batch, step))
                 meter.mark_step()  # a CUDA event (no sync) or a clock reading, read at log points
             run.observers.hooks.on_step_end(run, step)
-            done = step + 1
-            if budget.logs(done):
-                log_window(run, done, window, meter, summary, bar)
-            record_progress(run, done, summary)  # before the evaluation: a pruned trial did it
-            if budget.evaluates(done):
-                with meter.pause():
-                    evaluate_or_pause(run, done, summary)
-            saved = budget.checkpoints(done)
-            if saved:
-                with meter.pause():
-                    save(run, done)
-            if bar is not None:
-                bar.update(1)
-            if done < last and stop_requested(run):
-                stop_here(run, done, saved)
+            step += 1
+            after_step(run, step, window, meter, summary, bar)
     finally:
         # Once, however the run ends (only a closed window changes them; nothing reads them
         # while it runs): a pass over every window at each log point would grow with the run.
@@ -71,6 +66,36 @@ def train(run: Run, summary: Summary | None = None) -> Summary:
         if bar is not None:
             bar.close()
     return summary
+
+
+def after_step(
+    run: Run,
+    done: int,
+    window: Window,
+    meter: Throughput,
+    summary: Summary,
+    bar: ProgressBar | None,
+) -> None:
+    """A step's log point, batch change, progress, evaluation, checkpoint and stop check, in
+    that order: a batch that changes from the next step is in the checkpoint of this one."""
+    budget = run.budget
+    if budget.logs(done):
+        log_window(run, done, window, meter, summary, bar)
+        grow_at_log_point(run, done)
+        if bar is not None and run.budget is not budget:
+            bar.total = run.budget.max_steps
+    record_progress(run, done, summary)  # before the evaluation: a pruned trial did it
+    if run.budget.evaluates(done):
+        with meter.pause():
+            evaluate_or_pause(run, done, summary)
+    saved = run.budget.checkpoints(done)
+    if saved:
+        with meter.pause():
+            save(run, done)
+    if bar is not None:
+        bar.update(1)
+    if done < run.budget.max_steps and stop_requested(run):
+        stop_here(run, done, saved)
 
 
 def start_summary(run: Run, summary: Summary) -> None:

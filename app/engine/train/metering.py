@@ -27,6 +27,8 @@ Mark = torch.cuda.Event | float
 class ProgressBar(Protocol):
     """The progress bar a loop on the main rank draws (tqdm's)."""
 
+    total: float | None  # the steps to the budget, which an adaptive batch changes
+
     def update(self, n: int = 1) -> object: ...
 
     def set_postfix(self, ordered_dict: dict[str, str], refresh: bool = True) -> None: ...
@@ -170,7 +172,9 @@ def log_window(
         raise Diverged(f"train loss is {train_loss} at step {done}")
     metrics: dict[str, float | None] = {
         "train/loss": train_loss,
-        "train/learning_rate": float(run.scheduler.get_last_lr()[0]),
+        # the rate the next step takes: the scheduler's, or a batch change's since
+        "train/learning_rate": float(run.optimizer.param_groups[0]["lr"]),
+        "train/effective_batch_size": float(run.budget.batch_at(done - 1)),
         "train/grad_norm": float(window.grad_norm),
         "train/micro_batch_size": float(run.plan.micro_batch_size),
         "train/grad_accum_steps": float(run.plan.grad_accum_steps),

@@ -1,0 +1,53 @@
+"""training.batch_schedule=adaptive under torchrun (two gloo ranks): every rank changes the batch
+at the step rank 0 decides, whatever its own reading of the noise scale."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from app.config.phases import BatchPhases
+from app.engine.records.summary import Summary
+from tests import procs
+from tests.conftest import tiny
+from tests.test_adaptive_batch import ADAPTIVE
+
+pytestmark = pytest.mark.e2e
+
+# Rank 1 reads no noise scale at all (the estimate "not known yet", for the whole run), and says
+# so in a file: a rank deciding for itself would never double, and its micro-batches would no
+# longer pair up with rank 0's.
+BLIND_RANK_1 = """
+import os
+if os.environ.get("RANK") == "1":
+    from pathlib import Path
+    from app.engine.records.noise_scale import NoiseScale
+    NoiseScale.value = lambda self: None
+    Path(os.environ["BLIND_MARK"]).write_text("rank 1 reads no noise scale")
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_change_the_batch_at_the_step_rank_0_decides(tmp_path):
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(textwrap.dedent(BLIND_RANK_1))
+    mark = tmp_path / "blind"
+    # Batch 5 over 2 ranks: shares 3 and 2, then 5 and 5, 10 and 10 (micro-batch 2 each).
+    args = tiny(
+        tmp_path,
+        *ADAPTIVE,
+        "training.effective_batch_size=5",
+        "training.max_effective_batch=20",
+        "training.peer_timeout_s=60",
+    )
+    env = procs.environment(path=(procs.ROOT, shim), OMP_NUM_THREADS="1", BLIND_MARK=str(mark))
+    ranks = [*procs.TORCHRUN, "--nproc_per_node=2", "-m", "app.train", *args]
+    procs.run([*ranks, f"hydra.run.dir={tmp_path / 'ddp'}"], env=env, timeout=600, check=True)
+    assert mark.read_text() == "rank 1 reads no noise scale"
+    summary = Summary.read(tmp_path / "ddp")
+    assert summary.world_size == 2 and summary.status == "completed"
+    phases = BatchPhases.from_json(summary.batch_schedule or [])
+    assert [p.batch for p in phases.phases] == [5, 10, 20]
+    assert summary.samples_seen == phases.samples_seen(summary.steps) >= 200
