@@ -7,6 +7,8 @@ only at log, eval and checkpoint points: losses and grad norms stay on the devic
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from app.core.outcomes import Paused, Preempted
@@ -42,6 +44,7 @@ def train(run: Run, summary: Summary | None = None) -> Summary:
         resumed_at=run.start_step,
     )
     bar = _progress(run)
+    tally = Tally(window, meter, summary, bar)
     step = run.start_step
     try:
         # The budget is read again at every step: an adaptive batch changes its steps.
@@ -56,7 +59,7 @@ def train(run: Run, summary: Summary | None = None) -> Summary:
                 meter.mark_step()  # a CUDA event (no sync) or a clock reading, read at log points
             run.observers.hooks.on_step_end(run, step)
             step += 1
-            after_step(run, step, window, meter, summary, bar)
+            after_step(run, step, tally)
     finally:
         # Once, however the run ends (only a closed window changes them; nothing reads them
         # while it runs): a pass over every window at each log point would grow with the run.
@@ -68,19 +71,22 @@ def train(run: Run, summary: Summary | None = None) -> Summary:
     return summary
 
 
-def after_step(
-    run: Run,
-    done: int,
-    window: Window,
-    meter: Throughput,
-    summary: Summary,
-    bar: ProgressBar | None,
-) -> None:
+@dataclass
+class Tally:
+    """What the loop keeps across steps: the open log window, the clock, the summary, the bar."""
+
+    window: Window
+    meter: Throughput
+    summary: Summary
+    bar: ProgressBar | None
+
+
+def after_step(run: Run, done: int, tally: Tally) -> None:
     """A step's log point, batch change, progress, evaluation, checkpoint and stop check, in
     that order: a batch that changes from the next step is in the checkpoint of this one."""
-    budget = run.budget
+    budget, meter, summary, bar = run.budget, tally.meter, tally.summary, tally.bar
     if budget.logs(done):
-        log_window(run, done, window, meter, summary, bar)
+        log_window(run, done, tally.window, meter, summary, bar)
         grow_at_log_point(run, done)
         if bar is not None and run.budget is not budget:
             bar.total = run.budget.max_steps
