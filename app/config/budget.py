@@ -78,11 +78,17 @@ class TrainBudget:
     min_lr_ratio: float = 0.1
     lr_scaling: str = "none"
     reference_batch: int = 32
-    phases: BatchPhases | None = None  # None: one phase at `batch`
+    phases: BatchPhases | None = None  # None: one phase at `batch`, set once below
+
+    def __post_init__(self) -> None:
+        # Once, not at each read: every count of every step reads the phases.
+        if self.phases is None:
+            object.__setattr__(self, "phases", BatchPhases.fixed(self.batch))
 
     @property
     def batch_phases(self) -> BatchPhases:
-        return self.phases or BatchPhases.fixed(self.batch)
+        assert self.phases is not None  # set in __post_init__
+        return self.phases
 
     # -- where a step falls ---------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ class StepsFrom:
             world_size=dist.world_size,
             lengths=self.data.train_lengths if d.length_grouping else None,
             group_steps=d.group_steps,
-            step_span=None if budget.phases is None else phases.span,
+            step_span=phases.span,
         )
         on_cuda = self.machine.device.type == "cuda"
         loader = make_step_loader(

@@ -87,9 +87,10 @@ class StepDataset(Dataset):
     """Item `step` = the samples of optimizer step `step` for this rank: `blocks[indices]`
     (int64 [n, seq_len + 1] packed blocks, or padded rows), n = this rank's share of
     `samples_per_step`. With `lengths`, the order is length-grouped in groups of
-    `group_steps` steps' samples. `step_span`, where the batch changes during the run: step ->
-    its global samples [start, end) (app/config/phases.py's BatchPhases.span; the groups stay
-    those of `samples_per_step`, the first batch, so the stream does not depend on the changes)."""
+    `group_steps` steps' samples. `step_span` (a run's loader gives it: its batch may change):
+    step -> its global samples [start, end) (app/config/phases.py's BatchPhases.span; the groups
+    stay those of `samples_per_step`, the first batch, so the stream does not depend on the
+    changes)."""
 
     def __init__(
         self,
