@@ -4,6 +4,9 @@ goals judged from it, and the Trainer study drawing the sweeper's configurations
 from __future__ import annotations
 
 import json
+import sys
+import threading
+import time
 
 import optuna
 import pytest
@@ -230,6 +233,49 @@ def test_the_warm_start_goals_follow_the_issue_with_their_figures():
     assert not warm_goals(cold, worse)["ends_no_worse_than_the_cold_study"]["met"]
     run = {"pair": "data", "seed": 0, "studies": {"first": cold, "cold": cold, "warm": quick},
            "goals": g}  # fmt: skip
-    table = warm_start_table({"take": "enqueue", "runs": [run]})
+    table = warm_start_table({"take": "enqueue", "cores": None, "runs": [run]})
     assert "| data | 0 | warm | 2 (complete: 2) | 500 | 0.9900 | 100 |" in table
     assert "| data | 0 | ends_no_worse_than_the_cold_study | True |" in table
+
+
+def test_the_warm_start_plan_runs_each_study_once_and_a_warm_one_after_its_source(monkeypatch):
+    """The data pair's cold study is the model pair's first (the default study): run once; on
+    two cores a free core takes the first study whose source has finished."""
+    from app.bench.studies import warm_start
+
+    jobs = warm_start.plan(["model", "data"], ["hpo=optuna"], "enqueue", "/t")
+    assert list(jobs) == [
+        "default", "model.n_embd=192", "data.builtin_num_docs=2000",
+        "model.n_embd=192 <- default", "default <- data.builtin_num_docs=2000",
+    ]  # fmt: skip
+    warm = jobs["default <- data.builtin_num_docs=2000"]
+    assert warm.source == "data.builtin_num_docs=2000"
+    assert f"storage: {jobs[warm.source].journal}" in warm.overrides[-2]
+    seconds = {"default": 3, "model.n_embd=192": 6, "data.builtin_num_docs=2000": 3}
+    log: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def fake_study(overrides, keep, core):  # a study "takes" its seconds on its core
+        name = next(n for n, j in jobs.items() if j.journal == keep)
+        with lock:
+            assert jobs[name].source is None or jobs[jobs[name].source].result
+            log.append((name, core))
+        time.sleep(seconds.get(name, 4) / 100)
+        return _study(1.0, [])
+
+    monkeypatch.setattr(warm_start, "run_study", fake_study)
+    warm_start.run_jobs(jobs, [0, 1])
+    assert all(j.result is not None for j in jobs.values()) and len(log) == 5
+    assert {log[0], log[1]} == {("default", 0), ("model.n_embd=192", 1)} or {
+        log[0], log[1]} == {("default", 1), ("model.n_embd=192", 0)}  # fmt: skip
+    assert log[2][0] == "data.builtin_num_docs=2000"  # the cold ones first, in the pairs' order
+
+
+@pytest.mark.e2e
+def test_a_bench_study_runs_on_the_core_it_is_given_and_counts_its_own_cpu(tmp_path):
+    from app.bench.studies.hpo import run_child
+
+    busy = "import os,sys,time\nt=time.process_time()\nwhile time.process_time()-t<0.3: pass\n"
+    show = "sys.stderr.write(str(sorted(os.sched_getaffinity(0))))"
+    code, cpu, err = run_child([sys.executable, "-c", busy + show], tmp_path / "err", core=0)
+    assert (code, err) == (0, "[0]") and cpu >= 0.3

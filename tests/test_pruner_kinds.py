@@ -161,3 +161,35 @@ def _comparisons_of_pruner_names() -> list[str]:
 
 def test_no_code_outside_a_pruners_module_compares_its_name():
     assert _comparisons_of_pruner_names() == []
+
+
+def test_a_configuration_borrowed_from_an_earlier_study_is_not_spent_as_the_bootstrap(
+    hydra_sweep_runner, tmp_path
+):
+    """The same study as above under 10 trials' worth, warm-started from an earlier one: its
+    enqueued best configuration runs first and completes where a sampled first trial is stopped
+    as the bootstrap; the sampled trials after it are still judged against it."""
+    schedule = [f"steps={STEPS * 3}", f"+training={{eval_every: 2, max_steps: {STEPS * 3}}}"]
+    first = [*schedule, "+hpo.n_trials=3", "+hpo.study_name=first"]
+    sweep_own_app(
+        hydra_sweep_runner,
+        tmp_path / "first",
+        [*first, "hydra/sweeper/sampler=random", f"+hpo.storage={tmp_path / 'first.journal'}"],
+    )
+    source = f"{{storage: {tmp_path / 'first.journal'}, study_name: first}}"
+    overrides = [
+        "hydra/sweeper/sampler=random",
+        "hydra.sweeper.sampler.seed=0",
+        *schedule,
+        "+hpo.budget_trials=10",
+        f"+hpo.warm_start={{studies: [{source}], top_k: 1}}",
+        "+hpo.study_name=halving",
+        f"+hpo.storage={tmp_path / 'study.journal'}",
+    ]
+    sweep_own_app(hydra_sweep_runner, tmp_path / "multirun", overrides)
+    study = optuna.load_study(
+        study_name="halving", storage=journal(str(tmp_path / "study.journal"))
+    )
+    assert "warm_start_from" in study.trials[0].user_attrs
+    assert study.trials[0].state == TrialState.COMPLETE
+    assert study.trials[1].state == TrialState.PRUNED  # sampled: the bootstrap's second slot

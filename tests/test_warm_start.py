@@ -20,6 +20,7 @@ from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
     BUDGET,
     UNIT,
     count_toward_budget,
+    requeue,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import Masker, StorageSpec, journal
 from hydra_plugins.hydratrain_optuna_sweeper._study._warm_start import (
@@ -27,6 +28,7 @@ from hydra_plugins.hydratrain_optuna_sweeper._study._warm_start import (
     RECORD,
     Target,
     _mapped,
+    _near,
     already_borrowed,
     apply_warm_start,
     is_borrowed,
@@ -162,6 +164,36 @@ def test_enqueue_stops_at_the_budget_and_skips_what_a_source_borrowed_itself(tmp
     assert warm.notes[-3:] == [
         f"old#{n}: not enqueued, the budget holds 2 trials" for n in (3, 0, 4)
     ]
+
+
+def test_near_copies_among_the_best_are_passed_over_for_the_next_best(tmp_path):
+    """A study's best few are often near copies (TPE samples around its best): top_k counts
+    configurations that are apart, each one passed over said in a line."""
+    path = str(tmp_path / "old.journal")
+    study = optuna.create_study(study_name="old", storage=journal(path))
+    for x in (2.0, 2.4, 5.0, 0.0):  # 2.4 is 0.4 from 2.0: 2.5 % of x's range here (16)
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": x}, distributions={"x": SPACE["x"]}, value=(x - 2.0) ** 2
+            )
+        )
+    warm = _plan(_warm(path, top_k=2))
+    assert warm is not None and [p["x"] for p, _ in warm.enqueued] == [2.0, 0.0]
+    assert warm.notes == ["old#1: not enqueued, a near copy of old#0"]
+    lr = {"lr": FloatDistribution(1e-5, 1e-1, log=True)}  # a log range: by its decades
+    assert _near({"lr": 1e-3}, {"lr": 1.2e-3}, lr) and not _near({"lr": 1e-3}, {"lr": 2e-3}, lr)
+    assert not _near({"x": 2.0, "kind": "a"}, {"x": 2.0, "kind": "b"}, SPACE)
+
+
+def test_a_borrowed_configuration_keeps_its_mark_when_it_is_queued_again(tmp_path):
+    """A preempted or stale borrowed trial is re-queued: the copy is still judged as borrowed
+    (the default pruner's bootstrap does not take it)."""
+    study = optuna.create_study(study_name="new", storage=journal(str(tmp_path / "j")))
+    study.enqueue_trial({"x": 1.0}, user_attrs={FROM: "old#2"})
+    trial = study.ask({"x": SPACE["x"]})
+    requeue(study, study.trials[trial.number], {"resume_from": "run"})
+    copy = study.get_trials(states=(TrialState.WAITING,))[0]
+    assert copy.user_attrs == {FROM: "old#2", "resume_from": "run"}
 
 
 def test_rungs_only_for_a_pruner_that_compares_reports(tmp_path):

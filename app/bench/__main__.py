@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         return {"machine": machine_info(), **studies}, peers_tables(studies)
     if args.warm_start:
         pairs = args.pairs.split(",") if args.pairs else list(WARM_PAIRS)
-        warm = run_warm_start_bench(args.overrides, _seeds(args), pairs, args.take)
+        cores = [int(c) for c in args.cores.split(",")] if args.cores else None
+        warm = run_warm_start_bench(args.overrides, _seeds(args), pairs, args.take, cores)
         return {"machine": machine_info(), **warm}, warm_start_table(warm)
     if args.default_study:
         if args.reuse_unpruned:
@@ -161,6 +162,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="default-study: its unpruned studies too (overrides of hpo.pruner* only)",
     )
     p.add_argument("--pairs", help=f"warm-start: comma-separated subset of {','.join(WARM_PAIRS)}")
+    p.add_argument(
+        "--cores", help="warm-start: CPUs to run studies on side by side, one each (e.g. 0,1)"
+    )
     p.add_argument("--take", default="enqueue", help="warm-start: enqueue | observe")
     p.add_argument(
         "--sampler-choice",

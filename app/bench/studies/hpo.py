@@ -190,11 +190,15 @@ def replay(trials: list[TrialRow], spec: tuple[str, dict[str, int]]) -> Replay:
 
 
 def run_study(
-    overrides: list[str], batch_size_study: bool = False, keep: str | None = None
+    overrides: list[str],
+    batch_size_study: bool = False,
+    keep: str | None = None,
+    core: int | None = None,
 ) -> StudyResult:
     """The study's trials as rows (those it ran: not a warm start's borrowed ones), and where
     asked, the batch-size study's analysis in its optimization_results.yaml. `keep`: a journal
-    file to hold the study (study name `bench`) after the bench, for a later study to read."""
+    file to hold the study (study name `bench`) after the bench, for a later study to read.
+    `core`: the one CPU its process and its workers run on (studies run side by side)."""
     import optuna
     import yaml
     from optuna.storages.journal import JournalFileBackend
@@ -206,13 +210,10 @@ def run_study(
             "hpo.study_name=bench", f"hpo.storage={where}",
             f"hydra.sweep.dir={tmp}/multirun", f"data.cache_dir={tmp}/cache",
         ]  # fmt: skip
-        started, started_at, cpu = time.perf_counter(), time.time(), children_cpu_s()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=fatal_env())
-        cpu = children_cpu_s() - cpu
-        if proc.returncode != 0:
-            raise SystemExit(
-                f"study failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}"
-            )
+        started, started_at = time.perf_counter(), time.time()
+        code, cpu, stderr = run_child(cmd, Path(tmp, "stderr.log"), core)
+        if code != 0:
+            raise SystemExit(f"study failed ({code}): {' '.join(cmd)}\n{stderr[-2000:]}")
         wall = time.perf_counter() - started
         journal = optuna.storages.JournalStorage(JournalFileBackend(where))
         study = optuna.load_study(study_name="bench", storage=journal)
@@ -233,6 +234,20 @@ def run_study(
     if batch_size_study:
         result["batch_size_study"] = results.get("batch_size_study")
     return result
+
+
+def run_child(cmd: list[str], stderr: Path, core: int | None = None) -> tuple[int, float, str]:
+    """Run `cmd` (on `core` alone where given): its exit code, the user + system seconds of it
+    and the children it waited for (its own, not those of a study running beside it), its
+    stderr. Its stdout is dropped: a study's lines go to its log."""
+    import os
+
+    pinned = cmd if core is None else ["taskset", "-c", str(core), *cmd]  # util-linux
+    with stderr.open("w") as err:
+        proc = subprocess.Popen(pinned, stdout=subprocess.DEVNULL, stderr=err, env=fatal_env())
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime, stderr.read_text()
 
 
 def children_cpu_s() -> float:

@@ -13,11 +13,17 @@ Goals per pair and seed (the warm start's issue): the warm study comes within 1 
 study's best in at most half the cold study's wall time, and ends no worse than the cold study.
 Times are seconds since each study's process started. Every study of a seed shares one
 micro-batch cache (the first study fills it), so none pays for probing the sizes another did.
+A study two pairs need is run once (the data pair's cold study is the model pair's first).
+`--cores 0,1`: studies side by side, each pinned to one of these CPUs (run it with
+OMP_NUM_THREADS=1), a free core taking the next study whose source has finished; `--pairs
+model,data` starts the longest study first.
 """
 
 from __future__ import annotations
 
 import tempfile
+import threading
+from dataclasses import dataclass
 from typing import TypedDict
 
 from app.bench.studies.hpo import Goals, StudyResult, run_study
@@ -40,30 +46,109 @@ class PairRun(TypedDict):
 
 class WarmStartReport(TypedDict):
     take: str
+    cores: list[int] | None  # the CPUs studies ran on side by side, one each; None: one by one
     runs: list[PairRun]
 
 
+@dataclass
+class Job:
+    """One study of a seed's plan: `source` names the job whose journal it starts from."""
+
+    overrides: list[str]
+    journal: str
+    source: str | None = None
+    started: bool = False
+    result: StudyResult | None = None
+
+
 def run_warm_start_bench(
-    extra: list[str], seeds: list[int], pairs: list[str], take: str
+    extra: list[str], seeds: list[int], pairs: list[str], take: str, cores: list[int] | None
 ) -> WarmStartReport:
     unknown = [p for p in pairs if p not in PAIRS] + ([take] if take not in TAKES else [])
     if unknown:
         raise SystemExit(f"--warm-start: {unknown[0]!r} is neither a pair nor a take")
-    return {"take": take, "runs": [_pair(extra, seed, p, take) for seed in seeds for p in pairs]}
+    runs = [run for seed in seeds for run in _seed(extra, seed, pairs, take, cores)]
+    return {"take": take, "cores": cores, "runs": runs}
 
 
-def _pair(extra: list[str], seed: int, pair: str, take: str) -> PairRun:
-    first_args, second_args = PAIRS[pair]
+def _seed(
+    extra: list[str], seed: int, pairs: list[str], take: str, cores: list[int] | None
+) -> list[PairRun]:
     with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
         common = [*STUDY, f"hpo.seed={seed}", f"training.auto_batch.cache_dir={tmp}/autobatch"]
-        common += extra
-        first = run_study([*common, *first_args], keep=f"{tmp}/first.journal")
-        second = [*common, *second_args]
-        cold = run_study(second)
-        source = f"hpo.warm_start.studies=[{{storage: {tmp}/first.journal, study_name: bench}}]"
-        warm = run_study([*second, source, f"hpo.warm_start.take={take}"])
-    studies = {"first": first, "cold": cold, "warm": warm}
-    return {"pair": pair, "seed": seed, "studies": studies, "goals": goals(cold, warm)}
+        jobs = plan(pairs, [*common, *extra], take, tmp)
+        run_jobs(jobs, cores)
+    runs: list[PairRun] = []
+    for pair in pairs:
+        first, second = (_name(args) for args in PAIRS[pair])
+        studies = {k: _done(jobs[n]) for k, n in (("first", first), ("cold", second))}
+        studies["warm"] = _done(jobs[f"{second} <- {first}"])
+        goal = goals(studies["cold"], studies["warm"])
+        runs.append({"pair": pair, "seed": seed, "studies": studies, "goals": goal})
+    return runs
+
+
+def plan(pairs: list[str], common: list[str], take: str, tmp: str) -> dict[str, Job]:
+    """Every study the pairs need, each once (the data pair's cold study is the model pair's
+    first: the default study), by name: the cold ones in the pairs' order, then the warm ones."""
+    jobs: dict[str, Job] = {}
+    for pair in pairs:
+        for args in PAIRS[pair]:
+            jobs.setdefault(_name(args), Job([*common, *args], f"{tmp}/{len(jobs)}.journal"))
+    for pair in pairs:
+        second_args, first = PAIRS[pair][1], _name(PAIRS[pair][0])
+        source = f"hpo.warm_start.studies=[{{storage: {jobs[first].journal}, study_name: bench}}]"
+        warm = [*common, *second_args, source, f"hpo.warm_start.take={take}"]
+        name = f"{_name(second_args)} <- {first}"
+        jobs[name] = Job(warm, f"{tmp}/{len(jobs)}.journal", source=first)
+    return jobs
+
+
+def run_jobs(jobs: dict[str, Job], cores: list[int] | None) -> None:
+    """Run every job, one per core at a time (one by one without cores): a free core takes the
+    first job not started whose source has finished. The first failure stops the rest."""
+    cond = threading.Condition()
+    errors: list[BaseException] = []
+
+    def next_job() -> Job | None:
+        with cond:
+            while not errors:
+                waiting = [j for j in jobs.values() if not j.started]
+                ready = [j for j in waiting if j.source is None or jobs[j.source].result]
+                if ready:
+                    ready[0].started = True
+                    return ready[0]
+                if not waiting:
+                    return None
+                cond.wait()
+            return None
+
+    def lane(core: int | None) -> None:
+        while (job := next_job()) is not None:
+            try:
+                job.result = run_study(job.overrides, keep=job.journal, core=core)
+            except BaseException as e:  # a failed study's SystemExit included
+                errors.append(e)
+            with cond:
+                cond.notify_all()
+
+    lanes: list[int | None] = list(cores) if cores else [None]
+    threads = [threading.Thread(target=lane, args=(c,)) for c in lanes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def _done(job: Job) -> StudyResult:
+    assert job.result is not None
+    return job.result
+
+
+def _name(args: list[str]) -> str:
+    return " ".join(args) or "default"
 
 
 def goals(cold: StudyResult, warm: StudyResult) -> Goals:

@@ -20,6 +20,9 @@ PROMOTED_FROM = "hpo:promoted_from"  # system attr of a promoted copy: the pause
 # System attr of a trial that holds no slot of hpo.n_trials: a promoted copy (its paused trial
 # holds it), a preempted trial (its re-queued copy does).
 UNCOUNTED = "hpo:uncounted"
+# User attr of a configuration borrowed from an earlier study (hpo.warm_start's enqueue):
+# "<study>#<trial number>". Its re-queued copies carry it too.
+BORROWED_FROM = "warm_start_from"
 
 
 def root(t: FrozenTrial) -> int:

@@ -34,7 +34,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from .. import _private as private
 from .._pruners._kind import Promotes
-from .._pruners._lineage import UNCOUNTED, copy_attrs, promoted
+from .._pruners._lineage import BORROWED_FROM, UNCOUNTED, copy_attrs, promoted
 from ._cost import CostCap, TrialsWorth
 from ._settings import Liveness
 from ._storage import retrying
@@ -379,8 +379,13 @@ def requeue(
             state=TrialState.WAITING,
             params=t.params,
             distributions=t.distributions,
-            user_attrs=dict(user_attrs or {}),
+            user_attrs={**_lineage_attrs(t), **(user_attrs or {})},
             system_attrs=system_attrs,
         )
     )
     log.info("Trial %d re-queued with the same parameters", t.number)
+
+
+def _lineage_attrs(t: FrozenTrial) -> dict[str, object]:
+    """The user attrs a copy keeps: where a borrowed configuration came from."""
+    return {BORROWED_FROM: t.user_attrs[BORROWED_FROM]} if BORROWED_FROM in t.user_attrs else {}

@@ -7,9 +7,10 @@ with nothing written. Applied once per study, under the budget lock, by whicheve
 there first (a fleet's workers share what was borrowed; a rerun borrows nothing again):
 
 - `enqueue`: each source's best `top_k` finished configurations run first, as trials of this
-  study (no more than its budget holds). A parameter this space lacks is dropped; a number
-  outside its range is clipped to it; a choice it does not offer is left to the sampler; one
-  line per such decision.
+  study (no more than its budget holds), a near copy of one taken passed over for the next
+  best; the default pruner judges them without its bootstrap (`_successive_halving.py`). A
+  parameter this space lacks is dropped; a number outside its range is clipped to it; a choice
+  it does not offer is left to the sampler; one line per such decision.
 - `observe`: each source's finished trials are added as finished trials of this study, so the
   sampler learns from them at once. They are not run, not counted toward hpo.n_trials or
   hpo.budget_trials, never the study's best and never promoted (user attr reason=borrowed).
@@ -49,7 +50,7 @@ from app.config.hpo import WarmStartConfig
 from .._errors import SweepConfigError
 from .._private import contains, sampler_constraints, storage_of
 from .._pruners._kind import pruner_kind
-from .._pruners._lineage import UNCOUNTED
+from .._pruners._lineage import BORROWED_FROM, UNCOUNTED
 from ._best import own_front
 from ._cost import BORROWED
 from ._samplers import OOM, TRIAL_CONSTRAINTS
@@ -63,7 +64,10 @@ log = logging.getLogger(__name__)
 KEY = "hpo.warm_start"
 WAIT_S = 60.0  # how long a worker waits for another's borrowed trials to appear
 TAKES = ("enqueue", "observe")
-FROM = "warm_start_from"  # user attr: "<study>#<trial number>" a trial was borrowed from
+# Two borrowed configurations this close on every parameter (a fraction of its range) are one:
+# a study's best few often are near copies of each other (TPE samples around its best).
+NEAR = 0.05
+FROM = BORROWED_FROM  # user attr: "<study>#<trial number>" a trial was borrowed from
 RECORD = "hpo:warm_start"  # study user attr: what was borrowed, written once
 
 
@@ -248,16 +252,42 @@ def _check_settings(cfg: WarmStartConfig, objectives: int, compares_reports: boo
 def _enqueue_best(
     borrowed: Borrowed, done: list[FrozenTrial], study: optuna.Study, top_k: int, target: Target
 ) -> None:
-    for t in _best(done, study)[:top_k]:
+    """The best `top_k` configurations that are not near copies of one taken already (a near
+    copy is passed over for the next best, with a line), within the budget's cap."""
+    taken = 0
+    for t in _best(done, study):
         source = f"{study.study_name}#{t.number}"
         params, notes = _mapped(t.params, target.space, source)
-        if not params or params in [p for p, _ in borrowed.enqueued]:
+        if taken == top_k or not params:
             continue
+        twin = next((f for p, f in borrowed.enqueued if _near(p, params, target.space)), None)
+        if twin is not None:
+            borrowed.notes.append(f"{source}: not enqueued, a near copy of {twin}")
+            continue
+        taken += 1
         if len(borrowed.enqueued) >= target.cap:
             borrowed.notes.append(f"{source}: not enqueued, the budget holds {target.cap} trials")
             continue
         borrowed.notes += notes
         borrowed.enqueued.append((params, source))
+
+
+def _near(a: dict[str, object], b: dict[str, object], space: dict[str, BaseDistribution]) -> bool:
+    """The same parameters, each choice the same and each number within NEAR of its range
+    (on a log range: of its decades) of the other's: running both would tell little more."""
+    if a.keys() != b.keys():
+        return False
+    return all(_gap(a[k], b[k], space[k]) <= NEAR for k in a)
+
+
+def _gap(x: object, y: object, dist: BaseDistribution) -> float:
+    """How far apart two values of `dist` are, as a fraction of its range (1: unrelated)."""
+    if not isinstance(dist, FloatDistribution | IntDistribution):
+        return 0.0 if x == y else 1.0
+    low, high, u, v = float(dist.low), float(dist.high), float(x), float(y)  # type: ignore[arg-type]
+    if dist.log:
+        low, high, u, v = (math.log(max(z, 1e-300)) for z in (low, high, u, v))
+    return abs(u - v) / (high - low) if high > low else 0.0
 
 
 def _best(done: list[FrozenTrial], study: optuna.Study) -> list[FrozenTrial]:
