@@ -253,14 +253,17 @@ def test_the_warm_start_plan_runs_each_study_once_and_a_warm_one_after_its_sourc
     assert f"storage: {jobs[warm.source].journal}" in warm.overrides[-2]
     seconds = {"default": 3, "model.n_embd=192": 6, "data.builtin_num_docs=2000": 3}
     log: list[tuple[str, int]] = []
+    finished: set[str] = set()
     lock = threading.Lock()
 
     def fake_study(overrides, keep, core):  # a study "takes" its seconds on its core
         name = next(n for n, j in jobs.items() if j.journal == keep)
         with lock:
-            assert jobs[name].source is None or jobs[jobs[name].source].result
+            assert jobs[name].source is None or jobs[name].source in finished
             log.append((name, core))
         time.sleep(seconds.get(name, 4) / 100)
+        with lock:
+            finished.add(name)
         return _study(1.0, [])
 
     monkeypatch.setattr(warm_start, "run_study", fake_study)

@@ -22,12 +22,12 @@ model,data` starts the longest study first.
 from __future__ import annotations
 
 import tempfile
-import threading
 from dataclasses import dataclass
 from typing import TypedDict
 
 from app.bench.studies.hpo import Goals, StudyResult, run_study
 from app.bench.studies.hpo_peers import reach_seconds
+from app.bench.studies.lanes import Task, run_on_cores
 
 STUDY = ["hpo=optuna", "training.progress_bar=false"]
 PAIRS: dict[str, tuple[list[str], list[str]]] = {
@@ -57,7 +57,6 @@ class Job:
     overrides: list[str]
     journal: str
     source: str | None = None
-    started: bool = False
     result: StudyResult | None = None
 
 
@@ -105,41 +104,14 @@ def plan(pairs: list[str], common: list[str], take: str, tmp: str) -> dict[str, 
 
 
 def run_jobs(jobs: dict[str, Job], cores: list[int] | None) -> None:
-    """Run every job, one per core at a time (one by one without cores): a free core takes the
-    first job not started whose source has finished. The first failure stops the rest."""
-    cond = threading.Condition()
-    errors: list[BaseException] = []
+    """Every job, each warm one after its source (app/bench/studies/lanes.py)."""
 
-    def next_job() -> Job | None:
-        with cond:
-            while not errors:
-                waiting = [j for j in jobs.values() if not j.started]
-                ready = [j for j in waiting if j.source is None or jobs[j.source].result]
-                if ready:
-                    ready[0].started = True
-                    return ready[0]
-                if not waiting:
-                    return None
-                cond.wait()
-            return None
+    def task(job: Job) -> Task[StudyResult]:
+        return Task(lambda core: run_study(job.overrides, keep=job.journal, core=core), job.source)
 
-    def lane(core: int | None) -> None:
-        while (job := next_job()) is not None:
-            try:
-                job.result = run_study(job.overrides, keep=job.journal, core=core)
-            except BaseException as e:  # a failed study's SystemExit included
-                errors.append(e)
-            with cond:
-                cond.notify_all()
-
-    lanes: list[int | None] = list(cores) if cores else [None]
-    threads = [threading.Thread(target=lane, args=(c,)) for c in lanes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    results = run_on_cores({name: task(job) for name, job in jobs.items()}, cores)
+    for name, job in jobs.items():
+        job.result = results[name]
 
 
 def _done(job: Job) -> StudyResult:
