@@ -11,6 +11,11 @@ from pathlib import Path
 
 from app.bench import __doc__ as package_doc
 from app.bench.studies.batch_budget import batch_budget_table, run_batch_budget_bench
+from app.bench.studies.batch_schedule import (
+    batch_schedule_table,
+    plot_batch_schedule,
+    run_batch_schedule_bench,
+)
 from app.bench.studies.default_study import (
     check_pruner_only,
     default_study_table,
@@ -74,10 +79,17 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         samplers = args.samplers.split(",")
         studies = run_peers_bench(args.overrides, peers, samplers)
         return {"machine": machine_info(), **studies}, peers_tables(studies)
+    if args.batch_schedule:
+        schedule = run_batch_schedule_bench(args.overrides, _seeds(args), _cores(args))
+        png = Path(args.json or default_json_path(args)).with_suffix(".png")
+        plot_batch_schedule(schedule, png)
+        return {
+            "machine": machine_info(),
+            **schedule,
+        }, f"{batch_schedule_table(schedule)}\n\nplot: {png}"
     if args.warm_start:
         pairs = args.pairs.split(",") if args.pairs else list(WARM_PAIRS)
-        cores = [int(c) for c in args.cores.split(",")] if args.cores else None
-        warm = run_warm_start_bench(args.overrides, _seeds(args), pairs, args.take, cores)
+        warm = run_warm_start_bench(args.overrides, _seeds(args), pairs, args.take, _cores(args))
         return {"machine": machine_info(), **warm}, warm_start_table(warm)
     if args.default_study:
         if args.reuse_unpruned:
@@ -105,6 +117,10 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
 
 def _seeds(args: argparse.Namespace) -> list[int]:
     return [int(s) for s in args.seeds.split(",")]
+
+
+def _cores(args: argparse.Namespace) -> list[int] | None:
+    return [int(c) for c in args.cores.split(",")] if args.cores else None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -149,6 +165,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the default study against a grid, its unpruned self and the Trainer's study",
     )
     p.add_argument(
+        "--batch-schedule",
+        action="store_true",
+        help="the adaptive batch (training.batch_schedule=adaptive) against a grid of fixed ones",
+    )
+    p.add_argument(
         "--warm-start",
         action="store_true",
         help="the default study warm-started from a related one, against the same started cold",
@@ -163,7 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--pairs", help=f"warm-start: comma-separated subset of {','.join(WARM_PAIRS)}")
     p.add_argument(
-        "--cores", help="warm-start: CPUs to run studies on side by side, one each (e.g. 0,1)"
+        "--cores",
+        help="warm-start, batch-schedule: CPUs to run studies or runs on side by side, one each "
+        "(e.g. 0,1)",
     )
     p.add_argument("--take", default="enqueue", help="warm-start: enqueue | observe")
     p.add_argument(
@@ -180,7 +203,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--seeds",
         default="0,1",
-        help="batch-budget, sampler-choice, default-study, warm-start: comma-separated seeds",
+        help="batch-budget, batch-schedule, sampler-choice, default-study, warm-start: "
+        "comma-separated seeds",
     )
     p.add_argument("--peers", help=f"hpo-peers: comma-separated subset of {','.join(HPO_PEERS)}")
     p.add_argument(
@@ -207,6 +231,7 @@ def default_json_path(args: argparse.Namespace) -> str:
         "sampler-choice": args.sampler_choice,
         "default-study": args.default_study,
         "warm-start": args.warm_start,
+        "batch-schedule": args.batch_schedule,
         "ablate": args.ablate,
     }
     kind = next((k for k, on in kinds.items() if on), "bench")

@@ -1,0 +1,261 @@
+"""`python -m app.bench --batch-schedule`: the adaptive batch against the grid's best fixed one.
+
+Per seed, every run trained on the batch-budget bench's data budget and schedule (3,840 samples,
+`+sweeps=batch_size` as one run: a warm-up over 320 samples, an evaluation every 160, the noise
+scale measured):
+
+- fixed: the grid of effective batch {8, 16, 32, 64} x LR {1e-3, 2e-3, 3e-3, 5e-3, 1e-2} (the
+  batch-budget bench's, app/bench/studies/batch_budget.py);
+- adaptive: `training.batch_schedule=adaptive` started at the grid's smallest batch and allowed
+  its largest, once per LR of the grid, for each `training.adaptive_batch.noise_fraction` of
+  FRACTIONS (the shipped 2 first: the batch doubles while the noise scale stays at or above
+  fraction x the batch).
+
+Goals per seed and fraction (the adaptive batch's issue), the adaptive run being the best over
+the LRs: it ends within 1 % of the best fixed run's final loss, with at least 30 % fewer
+optimizer steps than that run, and lower than every fixed batch that takes as few steps (at its
+best LR).
+`--cores 0,1` runs them side by side, each pinned to one core (with OMP_NUM_THREADS=1): the
+losses and steps do not depend on it, the wall times do.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypedDict
+
+from app.bench.studies.batch_budget import BUDGET
+from app.bench.studies.hpo import Goals, run_child
+from app.bench.studies.lanes import Task, run_on_cores
+from app.engine.records.summary import Summary
+
+BATCHES = (8, 16, 32, 64)
+LRS = (0.001, 0.002, 0.003, 0.005, 0.01)
+FRACTIONS = (2.0, 1.0, 0.5)  # the shipped rule's, then readier ones
+WITHIN = 0.01  # within 1 % of the best fixed run's loss ...
+FEWER_STEPS = 0.30  # ... with at least 30 % fewer optimizer steps
+
+
+class RunRow(TypedDict):
+    """One training run: its settings, its end and its curve (step, samples seen, val loss)."""
+
+    schedule: str  # fixed | adaptive
+    batch: int  # the effective batch it started at
+    lr: float
+    fraction: float | None  # the adaptive rule's noise_fraction
+    final_loss: float
+    steps: int
+    samples: int
+    curve: list[tuple[int, int, float]]
+    batches: list[dict[str, int]] | None  # the adaptive run's phases: {step, samples, batch}
+    wall_s: float
+
+
+class SeedResult(TypedDict):
+    seed: int
+    runs: list[RunRow]
+    best_fixed: RunRow
+    best_adaptive: dict[str, RunRow]  # by fraction
+    goals: dict[str, Goals]  # by fraction
+
+
+class ScheduleReport(TypedDict):
+    budget_samples: int
+    cores: list[int] | None
+    seeds: list[SeedResult]
+
+
+def run_batch_schedule_bench(
+    extra: list[str], seeds: list[int], cores: list[int] | None
+) -> ScheduleReport:
+    return {
+        "budget_samples": BUDGET,
+        "cores": cores,
+        "seeds": [_seed(extra, seed, cores) for seed in seeds],
+    }
+
+
+Arm = tuple[str, int, float, float | None]  # schedule, start batch, LR, noise fraction
+
+
+def arms() -> list[Arm]:
+    """Every run of a seed: the grid, then the adaptive runs."""
+    fixed: list[Arm] = [("fixed", b, lr, None) for b in BATCHES for lr in LRS]
+    return fixed + [("adaptive", BATCHES[0], lr, f) for f in FRACTIONS for lr in LRS]
+
+
+def _seed(extra: list[str], seed: int, cores: list[int] | None) -> SeedResult:
+    with tempfile.TemporaryDirectory(prefix="bench-batch-schedule-") as tmp:
+        shared = [
+            f"training.seed={seed}",
+            f"data.cache_dir={tmp}/cache",
+            f"training.auto_batch.cache_dir={tmp}/autobatch",
+            *extra,
+        ]
+        tasks = {
+            " ".join(map(str, arm)): Task(_runner(arm, shared, f"{tmp}/{i}"))
+            for i, arm in enumerate(arms())
+        }
+        runs = list(run_on_cores(tasks, cores).values())
+    fixed = [r for r in runs if r["schedule"] == "fixed"]
+    best = {
+        str(f): min((r for r in runs if r["fraction"] == f), key=lambda r: r["final_loss"])
+        for f in FRACTIONS
+    }
+    return {
+        "seed": seed,
+        "runs": runs,
+        "best_fixed": min(fixed, key=lambda r: r["final_loss"]),
+        "best_adaptive": best,
+        "goals": {f: goals(fixed, r) for f, r in best.items()},
+    }
+
+
+def _runner(arm: Arm, shared: list[str], where: str) -> Callable[[int | None], RunRow]:
+    kind, batch, lr, fraction = arm
+    overrides = [
+        "+sweeps=batch_size",
+        f"training.effective_batch_size={batch}",
+        f"training.lr={lr}",
+        *shared,
+    ]
+    if kind == "adaptive":
+        overrides += [
+            "training.batch_schedule=adaptive",
+            f"training.max_effective_batch={BATCHES[-1]}",
+            f"training.adaptive_batch.noise_fraction={fraction}",
+        ]
+    return lambda core: train_run(arm, overrides, Path(where), core)
+
+
+def train_run(arm: Arm, overrides: list[str], where: Path, core: int | None) -> RunRow:
+    """One `python -m app.train` run (on `core` where given): its row, from the run directory's
+    summary.json and metrics.jsonl."""
+    where.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "app.train", *overrides, f"hydra.run.dir={where}/run"]
+    started = time.perf_counter()
+    code, _, stderr = run_child(cmd, where / "stderr.log", core)
+    if code != 0:
+        raise SystemExit(f"run failed ({code}): {' '.join(cmd)}\n{stderr[-2000:]}")
+    summary = Summary.read(where / "run")
+    loss = summary.final_val.get("loss")
+    if loss is None:
+        raise SystemExit(f"run ended without a validation loss: {' '.join(cmd)}")
+    kind, batch, lr, fraction = arm
+    return {
+        "schedule": kind,
+        "batch": batch,
+        "lr": lr,
+        "fraction": fraction,
+        "final_loss": loss,
+        "steps": summary.steps,
+        "samples": summary.samples_seen,
+        "curve": curve(where / "run" / "metrics.jsonl"),
+        "batches": summary.batch_schedule,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def curve(metrics: Path) -> list[tuple[int, int, float]]:
+    """(step, samples seen, validation loss) at each evaluation of a run."""
+    points = []
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if "val/loss" in record and "data/samples_seen" in record:
+            points.append((record["step"], int(record["data/samples_seen"]), record["val/loss"]))
+    return points
+
+
+def goals(fixed: list[RunRow], adaptive: RunRow) -> Goals:
+    best = min(fixed, key=lambda r: r["final_loss"])
+    per_batch = {b: min(r["final_loss"] for r in fixed if r["batch"] == b) for b in BATCHES}
+    steps = {b: next(r["steps"] for r in fixed if r["batch"] == b) for b in BATCHES}
+    as_few = {b: v for b, v in per_batch.items() if steps[b] <= adaptive["steps"]}
+    return {
+        "within_1pct_of_the_best_fixed_loss": {
+            "loss": adaptive["final_loss"],
+            "best_fixed": best["final_loss"],
+            "met": adaptive["final_loss"] <= best["final_loss"] * (1 + WITHIN),
+        },
+        "at_least_30pct_fewer_steps_than_the_best_fixed": {
+            "steps": adaptive["steps"],
+            "best_fixed_steps": best["steps"],
+            "met": adaptive["steps"] <= best["steps"] * (1 - FEWER_STEPS),
+        },
+        "below_every_fixed_batch_with_as_few_steps": {
+            "fixed_losses": as_few,
+            "met": all(adaptive["final_loss"] < v for v in as_few.values()),
+        },
+    }
+
+
+def batch_schedule_table(report: ScheduleReport) -> str:
+    lines = [
+        f"budget: {report['budget_samples']:,} samples per run",
+        "",
+        "| seed | run | batch | best LR | final val loss | optimizer steps | batch@samples |",
+        "|---:|---|---|---:|---:|---:|---|",
+    ]
+    for s in report["seeds"]:
+        for b in BATCHES:
+            r = min(
+                (r for r in s["runs"] if r["schedule"] == "fixed" and r["batch"] == b),
+                key=lambda r: r["final_loss"],
+            )
+            lines.append(_row(s["seed"], f"fixed {b}", r))
+        for f, r in s["best_adaptive"].items():
+            lines.append(_row(s["seed"], f"adaptive, fraction {f}", r))
+    lines += ["", "| seed | fraction | goal | met |", "|---:|---:|---|---|"]
+    for s in report["seeds"]:
+        for f, by_goal in s["goals"].items():
+            lines += [f"| {s['seed']} | {f} | {g} | {x['met']} |" for g, x in by_goal.items()]
+    return "\n".join(lines)
+
+
+def _row(seed: int, name: str, r: RunRow) -> str:
+    phases = " -> ".join(f"{p['batch']}@{p['samples']}" for p in r["batches"] or [])
+    return (
+        f"| {seed} | {name} | {r['batch']} | {r['lr']:g} | {r['final_loss']:.4f} | "
+        f"{r['steps']:,} | {phases or r['batch']} |"
+    )
+
+
+def plot_batch_schedule(report: ScheduleReport, path: Path) -> None:
+    """Loss against samples and against steps, one line per run: each fixed batch at its best
+    LR and the best adaptive run of each fraction; a row per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = report["seeds"]
+    fig, axes = plt.subplots(len(seeds), 2, figsize=(11, 4 * len(seeds)), squeeze=False)
+    for row, s in zip(axes, seeds, strict=True):
+        shown = [
+            min(
+                (r for r in s["runs"] if r["schedule"] == "fixed" and r["batch"] == b),
+                key=lambda r: r["final_loss"],
+            )
+            for b in BATCHES
+        ]
+        for r in [*shown, *s["best_adaptive"].values()]:
+            adaptive = r["schedule"] == "adaptive"
+            label = f"adaptive from {r['batch']}, fraction {r['fraction']:g}" if adaptive else (
+                f"fixed {r['batch']}")  # fmt: skip
+            width = 2.5 if adaptive else 1.2
+            for ax, x in zip(row, (1, 0), strict=True):
+                ax.plot([p[x] for p in r["curve"]], [p[2] for p in r["curve"]],
+                        label=f"{label}, lr {r['lr']:g}", linewidth=width)  # fmt: skip
+        for ax, axis in zip(row, ("samples seen", "optimizer steps"), strict=True):
+            ax.set(xlabel=axis, ylabel="validation loss", yscale="log")
+            ax.set_title(f"seed {s['seed']}: loss against {axis}")
+            ax.grid(alpha=0.3)
+        row[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

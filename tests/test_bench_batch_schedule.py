@@ -1,0 +1,84 @@
+"""`python -m app.bench --batch-schedule`: the goals of the adaptive batch's issue read from the
+runs, each run's curve read from its metrics.jsonl, and the table and plot drawn from them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.bench.studies.batch_schedule import (
+    BATCHES,
+    FRACTIONS,
+    LRS,
+    arms,
+    batch_schedule_table,
+    curve,
+    goals,
+    plot_batch_schedule,
+)
+from app.config.training import AdaptiveBatchConfig
+
+pytestmark = pytest.mark.unit
+
+
+def _run(schedule: str, batch: int, loss: float, steps: int, lr: float = 0.003) -> dict:
+    return {
+        "schedule": schedule, "batch": batch, "lr": lr, "final_loss": loss, "steps": steps,
+        "fraction": None if schedule == "fixed" else 2.0,
+        "samples": 3840, "curve": [(steps // 2, 1920, loss * 2), (steps, 3840, loss)],
+        "batches": None if schedule == "fixed" else [
+            {"step": 0, "samples": 0, "batch": 8}, {"step": 200, "samples": 1600, "batch": 16}],
+        "wall_s": 1.0,
+    }  # fmt: skip
+
+
+FIXED = [_run("fixed", 8, 0.42, 480), _run("fixed", 16, 0.50, 240), _run("fixed", 32, 0.9, 120),
+         _run("fixed", 64, 1.6, 60)]  # fmt: skip
+
+
+def test_the_goals_follow_the_issue():
+    good = goals(FIXED, _run("adaptive", 8, 0.423, 320))  # 0.7 % above, 33 % fewer steps
+    assert all(g["met"] for g in good.values()), good
+    assert good["below_every_fixed_batch_with_as_few_steps"]["fixed_losses"] == {
+        16: 0.50, 32: 0.9, 64: 1.6}  # fmt: skip
+    close_but_slow = goals(FIXED, _run("adaptive", 8, 0.421, 400))  # 17 % fewer steps only
+    assert not close_but_slow["at_least_30pct_fewer_steps_than_the_best_fixed"]["met"]
+    quick_but_worse = goals(FIXED, _run("adaptive", 8, 0.43, 240))  # 2.4 % above
+    assert not quick_but_worse["within_1pct_of_the_best_fixed_loss"]["met"]
+    beaten = goals(FIXED, _run("adaptive", 8, 0.55, 240))  # batch 16 does better in as few steps
+    assert not beaten["below_every_fixed_batch_with_as_few_steps"]["met"]
+
+
+def test_every_grid_cell_runs_fixed_and_every_lr_adaptive_from_the_smallest_batch():
+    runs = arms()
+    assert len(runs) == len(BATCHES) * len(LRS) + len(FRACTIONS) * len(LRS)
+    adaptive = {(b, lr, f) for k, b, lr, f in runs if k == "adaptive"}
+    assert adaptive == {(BATCHES[0], lr, f) for lr in LRS for f in FRACTIONS}
+    assert FRACTIONS[0] == AdaptiveBatchConfig().noise_fraction  # the shipped rule's first
+
+
+def test_a_curve_is_the_evaluations_of_a_run(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    records = [
+        {"step": 5, "train/loss": 3.0},
+        {"step": 20, "val/loss": 2.5, "data/samples_seen": 160.0},
+        {"step": 40, "val/loss": 2.0, "data/samples_seen": 320.0},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert curve(path) == [(20, 160, 2.5), (40, 320, 2.0)]
+
+
+def test_the_table_and_plot_show_each_batch_at_its_best_lr_and_the_adaptive_run(tmp_path):
+    adaptive = _run("adaptive", 8, 0.423, 320)
+    worse = _run("fixed", 8, 0.6, 480, lr=0.01)
+    seed = {"seed": 0, "runs": [*FIXED, worse, adaptive], "best_fixed": FIXED[0],
+            "best_adaptive": {"2.0": adaptive},
+            "goals": {"2.0": goals(FIXED, adaptive)}}  # fmt: skip
+    report = {"budget_samples": 3840, "cores": None, "seeds": [seed]}
+    table = batch_schedule_table(report)
+    assert "| 0 | fixed 8 | 8 | 0.003 | 0.4200 | 480 | 8 |" in table
+    assert "| 0 | adaptive, fraction 2.0 | 8 | 0.003 | 0.4230 | 320 | 8@0 -> 16@1600 |" in table
+    assert "| 0 | 2.0 | at_least_30pct_fewer_steps_than_the_best_fixed | True |" in table
+    plot_batch_schedule(report, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
