@@ -42,6 +42,9 @@ class TrialAttrs:
     lr: float | None = None  # what it trained with: training.lr scaled by lr_scaling
     samples_seen: int | None = None
     noise_scale: float | None = None  # training.noise_scale: B_simple at its end
+    # training.batch_schedule=adaptive: its effective batch over its data, one {step, samples,
+    # batch} per phase (None for a fixed batch)
+    batch_schedule: list[dict[str, int]] | None = None
     # The probe's samples/s for this effective batch on this device: its fastest micro-batch
     # that fits (a trial that ran with a smaller one is still credited with what fits)
     probe_samples_per_sec: float | None = None

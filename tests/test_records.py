@@ -16,6 +16,7 @@ import pytest
 from app.engine.records.batch import BatchDetails, Candidate, OomRecord, ProbeReport
 from app.engine.records.summary import Summary
 from app.engine.report import probed_samples_per_sec
+from app.engine.runner import trial_attrs
 from app.hpo import RUN_METRICS, TrialAttrs, objectives
 
 pytestmark = pytest.mark.unit
@@ -76,6 +77,22 @@ def test_every_objective_a_study_may_name_is_a_key_summary_json_holds():
 def test_a_trials_attributes_are_the_summarys_fields():
     names = {f.name for f in dataclasses.fields(Summary)}
     assert {f.name for f in dataclasses.fields(TrialAttrs)} <= names
+
+
+def test_a_run_attaches_its_summarys_facts_to_its_trial():
+    """Each of TrialAttrs' fields as the run's summary has it (the largest rank's peak memory
+    for peak_memory_bytes): a field added to both and not copied fails here."""
+    facts = dict(
+        micro_batch_size=3, grad_accum_steps=5, batch_source="probed", effective_batch_size=15,
+        lr=0.1, samples_seen=99, noise_scale=2.5, probe_samples_per_sec=7.0, tokens_per_sec=8.0,
+        device_seconds=9.0, run_dir="r", status="completed",
+        batch_schedule=[{"step": 0, "samples": 0, "batch": 4}, {"step": 2, "samples": 8,
+                                                                 "batch": 8}],
+    )  # fmt: skip
+    attrs = trial_attrs(Summary(peak_memory_bytes=11, **facts))  # type: ignore[arg-type]
+    expected = {**facts, "peak_memory_bytes": 11}
+    assert set(expected) == {f.name for f in dataclasses.fields(TrialAttrs)}
+    assert attrs.as_dict() == expected
 
 
 def _readers(field: str) -> set[str]:

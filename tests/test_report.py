@@ -70,7 +70,18 @@ def _sweeper_study() -> optuna.Study:
     promoted = {ROOT: 0, PROMOTED_FROM: 0}
     resumed = {s: v for s, v in _curve(20, 3e-3).items() if s > 5}
     add(_trial(TrialState.COMPLETE, 3e-3, resumed, system=promoted, start=30))
-    add(_trial(TrialState.COMPLETE, 1e-3, _curve(20, 1e-3), worker=1, start=20, seconds=4.0))
+    grew = [{"step": 0, "samples": 0, "batch": 4}, {"step": 2, "samples": 8, "batch": 8}]
+    add(
+        _trial(
+            TrialState.COMPLETE,
+            1e-3,
+            _curve(20, 1e-3),
+            worker=1,
+            start=20,
+            seconds=4.0,
+            batch_schedule=grew,
+        )
+    )
     add(_trial(TrialState.FAIL, 1e-3, {}, reason="duplicate"))
     return study
 
@@ -103,6 +114,26 @@ def test_the_curves_are_drawn_one_trace_per_ending_and_the_timeline_one_row_per_
     # one bar per trial that ran: trial 7 (a surplus trial failed unrun) is not one
     bars = sorted(bar for trace in timeline.data for bar in trace.text)
     assert bars == [f"trial {n}" for n in range(7)]
+
+
+def test_an_adaptive_trials_batch_is_drawn_over_the_data_it_saw():
+    """training.batch_schedule=adaptive: a step at each doubling, on to where the trial ended
+    (a completed trial: the budget; a pruned one: its last report); a fixed batch is not drawn."""
+    study = _sweeper_study()
+    grew = [{"step": 0, "samples": 0, "batch": 8}, {"step": 1, "samples": 8, "batch": 16}]
+    study.add_trial(_trial(TrialState.PRUNED, 2e-3, _curve(10, 2e-3), batch_schedule=grew))
+    record = study_record(study, "memory")
+    assert record.trials[6].batches == ((0, 4), (8, 8)) and record.trials[5].batches == ()
+    fig = figures.batches(record, study)
+    drawn = {trace.name: (list(trace.x), list(trace.y)) for trace in fig.data}
+    assert drawn == {
+        "trial 6 (complete)": ([0, 8, 20], [4, 8, 8]),
+        "trial 8 (pruned)": ([0, 8, 10], [8, 16, 16]),
+    }
+    fixed = optuna.create_study()
+    fixed.add_trial(_trial(TrialState.COMPLETE, 1e-3, _curve(20, 1e-3)))
+    with pytest.raises(figures.NotDrawn, match="batch_schedule=adaptive"):
+        figures.batches(study_record(fixed, "memory"), fixed)
 
 
 def test_what_pruning_saved_is_counted_at_each_stopped_lines_own_rate():

@@ -383,6 +383,7 @@ def trial_attrs(summary: Summary) -> TrialAttrs:
         lr=summary.lr,
         samples_seen=summary.samples_seen,
         noise_scale=summary.noise_scale,
+        batch_schedule=summary.batch_schedule,
         probe_samples_per_sec=summary.probe_samples_per_sec,
         peak_memory_bytes=summary.largest_peak_bytes,
         tokens_per_sec=summary.tokens_per_sec,

@@ -168,6 +168,38 @@ def _curve_trace(ending: Ending, group: list[Line]) -> Scatter:
     )
 
 
+def batches(record: StudyRecord, study: Study) -> Figure:
+    """Each adaptive trial's effective batch over the data it saw (a step at each doubling, to
+    the data it reached), coloured by how it ended."""
+    import plotly.graph_objects as go
+
+    grown = [t for t in record.ran if t.batches]
+    if not grown:
+        raise NotDrawn("no trial ran with training.batch_schedule=adaptive")
+    fig = go.Figure()
+    for t in grown:
+        xs, ys = [x for x, _ in t.batches], [b for _, b in t.batches]
+        end = record.budget if t.state == "COMPLETE" else t.reached
+        if end is not None and record.unit == "samples" and end > xs[-1]:
+            xs, ys = [*xs, end], [*ys, ys[-1]]
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines+markers",
+                line={"shape": "hv", "color": COLOURS[t.ending], "width": 1.5},
+                name=f"trial {t.number} ({t.ending})",
+            )
+        )
+    fig.update_layout(
+        title="Effective batch over the data (training.batch_schedule=adaptive)",
+        xaxis_title="samples seen",
+        yaxis_title="effective batch",
+        yaxis_type="log",
+    )
+    return fig
+
+
 def who(t: TrialRecord) -> str:
     """A timeline row: the worker, and the devices it was pinned to."""
     name = t.worker or "one process"

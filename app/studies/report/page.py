@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .figures import (
     Builder,
     NotDrawn,
+    batches,
     cost,
     curves,
     history,
@@ -52,6 +53,7 @@ PLOTS = (
     Plot("slices", "Slices of the two most important parameters", slices),
     Plot("timeline", "Timeline per worker and device", timeline),
     Plot("cost", "Cost", cost),
+    Plot("batches", "Effective batch over the data", batches),
 )
 
 

@@ -63,6 +63,9 @@ class TrialRecord:
     micro_batch_size: int | None = None
     grad_accum_steps: int | None = None
     batch_source: str | None = None  # fixed | probed | cached | reduced_after_oom
+    # An adaptive batch (training.batch_schedule=adaptive): (samples seen, effective batch)
+    # where each of its batches began; () for a fixed batch
+    batches: tuple[tuple[int, int], ...] = ()
     run_dir: str | None = None
     reason: str = ""  # the sweeper's reason for a trial that did not complete
     command: str | None = None  # what reproduces it (`python -m app.train ...`)

@@ -107,6 +107,7 @@ def trial_record(t: FrozenTrial, reports: dict[int, float] | None = None) -> Tri
         micro_batch_size=attrs.micro_batch_size,
         grad_accum_steps=attrs.grad_accum_steps,
         batch_source=attrs.batch_source,
+        batches=tuple((p["samples"], p["batch"]) for p in attrs.batch_schedule or ()),
         run_dir=attrs.run_dir,
         reason=str(t.user_attrs.get("reason", "")),
     )
