@@ -51,3 +51,43 @@ def test_two_ranks_change_the_batch_at_the_step_rank_0_decides(tmp_path):
     phases = BatchPhases.from_json(summary.batch_schedule or [])
     assert [p.batch for p in phases.phases] == [5, 10, 20]
     assert summary.samples_seen == phases.samples_seen(summary.steps) >= 200
+
+
+@pytest.mark.slow
+def test_a_study_searches_the_batch_schedule_and_its_report_draws_each_trials_batch(tmp_path):
+    """`training.batch_schedule` searched like any setting (`-m hpo=optuna`): the adaptive
+    trial carries its batch over its data (user attr batch_schedule), the fixed one none, and
+    the study's report draws the adaptive one's batch over its data."""
+    import optuna
+    import yaml
+
+    from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
+
+    sweep = tmp_path / "sweep"
+    args = tiny(
+        tmp_path,
+        *ADAPTIVE,
+        "hpo=optuna",
+        "hpo.study_name=t",
+        f"hpo.storage={tmp_path / 'study.journal'}",
+        f"hydra.sweep.dir={sweep}",
+        "hpo.n_trials=2",
+        "hpo.pruner=none",
+        "hpo.tensorboard=false",
+        "hydra.sweeper.params={training.batch_schedule:'choice(fixed, adaptive)'}",
+        "hpo.enqueue=[{training.batch_schedule: fixed},{training.batch_schedule: adaptive}]",
+    )
+    procs.run([*procs.TRAIN, "-m", *args], timeout=400, check=True)
+    study = optuna.load_study(study_name="t", storage=journal(str(tmp_path / "study.journal")))
+    fixed, adaptive = study.trials
+    assert fixed.params == {"training.batch_schedule": "fixed"}
+    assert "batch_schedule" not in fixed.user_attrs or fixed.user_attrs["batch_schedule"] is None
+    phases = BatchPhases.from_json(adaptive.user_attrs["batch_schedule"])
+    assert [p.batch for p in phases.phases] == [4, 8, 16]
+    assert adaptive.user_attrs["samples_seen"] == phases.samples_seen(
+        Summary.read(adaptive.user_attrs["run_dir"]).steps
+    )
+    results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert results["trials"] == {"COMPLETE": 2}
+    page = (sweep / "report.html").read_text()
+    assert "<section id='batches' data-drawn=\"true\">" in page

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from app.studies.batch_size import BatchTrial, analyse, plot, samples_to
+from app.studies.batch_size import BatchTrial, analyse, plot, samples_to, table
 from tests import procs
 from tests.conftest import ROOT
 
@@ -49,6 +49,29 @@ def test_the_curve_gives_back_a_known_critical_batch_size():
     row = {r.batch: r for r in result.rows}[32]
     assert row.samples_to_target == pytest.approx(E_MIN * (1 + 32 / B_CRIT), rel=0.01)
     assert row.steps_to_target == pytest.approx(row.samples_to_target / 32)
+
+
+def test_an_adaptive_batch_is_drawn_beside_the_fixed_ones_and_kept_out_of_the_fit(tmp_path):
+    """Trials of training.batch_schedule=adaptive: a row per batch they started at, their steps
+    to the target counted through their batches; the curve's fit is the fixed batches' alone."""
+    fixed = [_trial(b, lr, p) for b in (8, 16, 32, 64) for lr, p in ((1e-3, 1.3), (3e-3, 1.0))]
+    alone = analyse(fixed, target_loss=TARGET)
+    grown = ((0, 8), (1000, 16), (3000, 32))
+    reach = 5000.0  # the target at 5,000 samples: 1,000 / 8 + 2,000 / 16 + 2,000 / 32 steps
+    curve = [(s, TARGET * reach / s) for s in range(500, 10_001, 500)]
+    adaptive = [
+        BatchTrial(batch=32, lr=lr, final_loss=curve[-1][1] * k, curve=curve, phases=grown)
+        for lr, k in ((3e-3, 1.0), (1e-2, 1.2))
+    ]
+    result = analyse([*fixed, *adaptive], target_loss=TARGET)
+    assert [r.batch for r in result.rows] == [8, 16, 32, 64]
+    assert result.critical_batch_curve == alone.critical_batch_curve  # the fit: fixed only
+    (row,) = result.adaptive
+    assert (row.batch, row.batches, row.best_lr) == (8, [8, 16, 32], 3e-3)
+    assert row.samples_to_target == pytest.approx(reach)
+    assert row.steps_to_target == pytest.approx(125 + 125 + 62.5)
+    assert "| adaptive 8 -> 16 -> 32 | 0.003 |" in table(result)
+    assert plot(result, tmp_path / "study.png").stat().st_size > 10_000
 
 
 def test_wall_time_picks_the_batch_the_device_runs_fastest_to_the_target():

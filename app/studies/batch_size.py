@@ -12,6 +12,11 @@ intercept) and S_min * B_crit (its slope). Below B_crit a larger batch cuts the 
 proportion; above it, it mostly spends more data. The gradient noise scale B_simple
 (training.noise_scale, app/engine/records/noise_scale.py) predicts B_crit from inside one run.
 
+A trial whose batch grew (training.batch_schedule=adaptive, searched beside the fixed batches:
+`training.batch_schedule: choice(fixed, adaptive)` in the grid) is drawn beside them, one row
+per batch it started at, and kept out of the fit: its steps and samples to the target are one
+more point on the same plane, to compare with the curve.
+
 Pure: rows in, a typed result out; the sweeper feeds it the study's trials
 (hydra_plugins/.../_batch_study.py) and plots it with `plot`.
 """
@@ -39,6 +44,26 @@ class BatchTrial:
     noise_scale: float | None = None  # B_simple at its end (training.noise_scale)
     samples_per_sec: float | None = None  # this batch's throughput on the device (the probe)
     noise_curve: list[tuple[int, float]] = field(default_factory=list)  # (samples, B_simple)
+    # An adaptive batch: (samples seen, batch) where each of its batches began; () when fixed
+    phases: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def adaptive(self) -> bool:
+        return bool(self.phases)
+
+    @property
+    def start(self) -> int:
+        """The batch it started at."""
+        return self.phases[0][1] if self.phases else self.batch
+
+    def steps_to(self, samples: float) -> float:
+        """Optimizer steps until `samples` were seen, through its batches."""
+        phases = self.phases or ((0, self.batch),)
+        steps = 0.0
+        for i, (begin, batch) in enumerate(phases):
+            end = phases[i + 1][0] if i + 1 < len(phases) else math.inf
+            steps += max(0.0, min(samples, end) - begin) / batch
+        return steps
 
 
 @dataclass
@@ -55,6 +80,8 @@ class BatchRow:
     # B_simple of the trial that reached the target first, logged where it reached it (the
     # noise scale grows as the loss falls: it predicts the critical batch at that loss)
     noise_scale: float | None
+    # An adaptive batch's row (its batch: where it started): the batches it went through
+    batches: list[int] | None = None
 
 
 @dataclass
@@ -70,6 +97,7 @@ class BatchStudyResult:
     critical_batch_noise: float | None = None  # median B_simple of the batches' best trials
     fastest_batch: int | None = None  # the least wall time to the target on this device
     notes: list[str] = field(default_factory=list)
+    adaptive: list[BatchRow] = field(default_factory=list)  # by the batch they started at
 
     def as_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -79,15 +107,16 @@ def analyse(trials: Sequence[BatchTrial], target_loss: float | None = None) -> B
     """The study's answer. `target_loss` null: the lowest loss that three batch sizes (all, if
     fewer) reach before the end of their runs (`default_target`)."""
     by_batch: dict[int, list[BatchTrial]] = {}
+    grown: dict[int, list[BatchTrial]] = {}
     for t in trials:
         if math.isfinite(t.final_loss):
-            by_batch.setdefault(t.batch, []).append(t)
+            (grown if t.adaptive else by_batch).setdefault(t.start, []).append(t)
     if not by_batch:
-        raise ValueError("no completed trial with a finite loss")
-    bests = {b: min(ts, key=lambda t: t.final_loss) for b, ts in by_batch.items()}
+        raise ValueError("no completed trial of a fixed batch with a finite loss")
     target = default_target(by_batch) if target_loss is None else target_loss
-    rows = [_row(b, ts, bests[b], target) for b, ts in sorted(by_batch.items())]
+    rows = [_row(b, ts, target) for b, ts in sorted(by_batch.items())]
     result = BatchStudyResult(target_loss=target, rows=rows)
+    result.adaptive = [_row(b, ts, target) for b, ts in sorted(grown.items())]
     _fit(result)
     scales = [r.noise_scale for r in rows if r.noise_scale and r.samples_to_target is not None]
     scales = [s for s in scales if s > 0]
@@ -109,10 +138,13 @@ def default_target(by_batch: dict[int, list[BatchTrial]]) -> float:
     return before_end[min(3, len(before_end)) - 1]
 
 
-def _row(batch: int, trials: list[BatchTrial], best: BatchTrial, target: float) -> BatchRow:
+def _row(batch: int, trials: list[BatchTrial], target: float) -> BatchRow:
     """The samples to the target are the least over the batch's learning rates: each batch
     size at its own best rate, as the model asks. Reached only at a trial's last report is not
-    reached: the budget, not the batch, would set the figure."""
+    reached: the budget, not the batch, would set the figure. An adaptive batch's steps are
+    counted through its batches; its samples/s is its first batch's, which its run keeps (the
+    batch grows through accumulation, the micro-batch stays)."""
+    best = min(trials, key=lambda t: t.final_loss)
     reached = [
         (s, t) for t in trials if (s := samples_to(sorted(t.curve)[:-1], target)) is not None
     ]
@@ -123,10 +155,11 @@ def _row(batch: int, trials: list[BatchTrial], best: BatchTrial, target: float) 
         best_lr=best.lr,
         best_loss=best.final_loss,
         samples_to_target=samples,
-        steps_to_target=None if samples is None else samples / batch,
+        steps_to_target=None if samples is None else first.steps_to(samples),
         samples_per_sec=speed,
         seconds_to_target=None if samples is None or not speed else samples / speed,
         noise_scale=noise_at(first, samples),
+        batches=[b for _, b in best.phases] if best.adaptive else None,
     )
 
 
@@ -205,6 +238,11 @@ def plot(result: BatchStudyResult, path: Path) -> Path:
         ax.axvline(e_min, ls="--", c="gray", lw=0.8, label=f"E_min = {e_min:.0f} samples")
     if result.critical_batch_noise:
         ax.plot([], [], " ", label=f"noise scale: B_simple = {result.critical_batch_noise:.1f}")
+    for r in result.adaptive:
+        if r.steps_to_target and r.samples_to_target:
+            path_ = " -> ".join(map(str, r.batches or [r.batch]))
+            ax.plot([r.samples_to_target], [r.steps_to_target], "*", ms=13,
+                    label=f"adaptive: batch {path_}")  # fmt: skip
     missed = [r.batch for r in result.rows if r.samples_to_target is None]
     if missed:
         ax.plot([], [], " ", label=f"not reached within the budget: B = {missed}")
@@ -233,9 +271,10 @@ def table(result: BatchStudyResult) -> str:
         "| noise scale |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in result.rows:
+    for r in [*result.rows, *result.adaptive]:
+        name = f"adaptive {' -> '.join(map(str, r.batches))}" if r.batches else str(r.batch)
         lines.append(
-            f"| {r.batch} | {r.best_lr:.3g} | {r.best_loss:.4f} | "
+            f"| {name} | {r.best_lr:.3g} | {r.best_loss:.4f} | "
             f"{num(r.samples_to_target, ',.0f')} | {num(r.steps_to_target, ',.1f')} | "
             f"{num(r.samples_per_sec, ',.0f')} | {num(r.seconds_to_target, ',.1f')} | "
             f"{num(r.noise_scale, '.1f')} |"

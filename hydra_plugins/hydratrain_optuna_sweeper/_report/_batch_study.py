@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 def batch_trials(study: optuna.Study) -> list[BatchTrial]:
     """Each completed trial: its batch and learning rate (as it trained, lr_scaling applied),
     its curve on the study's report axis (samples seen under a sample budget), its noise
-    scale and the probe's throughput at its batch."""
+    scale and the probe's throughput at its batch; an adaptive trial's batches over its data."""
     rows = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if is_borrowed(t):  # an earlier study's (hpo.warm_start): not trained here
@@ -42,6 +42,7 @@ def batch_trials(study: optuna.Study) -> list[BatchTrial]:
                 noise_scale=attrs.noise_scale,
                 samples_per_sec=attrs.probe_samples_per_sec,
                 noise_curve=noise_curve(attrs.run_dir),
+                phases=tuple((p["samples"], p["batch"]) for p in attrs.batch_schedule or ()),
             )
         )
     return rows
