@@ -11,7 +11,7 @@ from app.bench.studies.batch_schedule import (
     BATCHES,
     FRACTIONS,
     LRS,
-    arms,
+    Grid,
     batch_schedule_table,
     curve,
     goals,
@@ -26,7 +26,8 @@ def _run(schedule: str, batch: int, loss: float, steps: int, lr: float = 0.003) 
     return {
         "schedule": schedule, "batch": batch, "lr": lr, "final_loss": loss, "steps": steps,
         "fraction": None if schedule == "fixed" else 2.0,
-        "samples": 3840, "curve": [(steps // 2, 1920, loss * 2), (steps, 3840, loss)],
+        "samples": 3840, "train_s": 2.0, "probe_samples_per_sec": None,
+        "curve": [(steps // 2, 1920, loss * 2), (steps, 3840, loss)],
         "batches": None if schedule == "fixed" else [
             {"step": 0, "samples": 0, "batch": 8}, {"step": 200, "samples": 1600, "batch": 16}],
         "wall_s": 1.0,
@@ -51,7 +52,7 @@ def test_the_goals_follow_the_issue():
 
 
 def test_every_grid_cell_runs_fixed_and_every_lr_adaptive_from_the_smallest_batch():
-    runs = arms()
+    runs = Grid().arms()
     assert len(runs) == len(BATCHES) * len(LRS) + len(FRACTIONS) * len(LRS)
     adaptive = {(b, lr, f) for k, b, lr, f in runs if k == "adaptive"}
     assert adaptive == {(BATCHES[0], lr, f) for lr in LRS for f in FRACTIONS}
@@ -77,8 +78,38 @@ def test_the_table_and_plot_show_each_batch_at_its_best_lr_and_the_adaptive_run(
             "goals": {"2.0": goals(FIXED, adaptive)}}  # fmt: skip
     report = {"budget_samples": 3840, "cores": None, "seeds": [seed]}
     table = batch_schedule_table(report)
-    assert "| 0 | fixed 8 | 8 | 0.003 | 0.4200 | 480 | 8 |" in table
-    assert "| 0 | adaptive, fraction 2.0 | 8 | 0.003 | 0.4230 | 320 | 8@0 -> 16@1600 |" in table
+    assert "| 0 | fixed 8 | 8 | 0.003 | 0.4200 | 480 | 2.0 | - | 8 |" in table
+    assert (
+        "| 0 | adaptive, fraction 2.0 | 8 | 0.003 | 0.4230 | 320 | 2.0 | - | 8@0 -> 16@1600 |"
+        in table
+    )
     assert "| 0 | 2.0 | at_least_30pct_fewer_steps_than_the_best_fixed | True |" in table
     plot_batch_schedule(report, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.e2e
+def test_the_bench_runs_the_grid_and_an_adaptive_run_that_grows(tmp_path):
+    """`--batch-schedule` end to end on a tiny model, one LR and a rule that doubles at once:
+    every fixed batch and the adaptive run, side by side on two cores, read back."""
+    from tests import procs
+    from tests.conftest import TINY
+
+    tiny = [a for a in TINY if not a.startswith(("training.max_steps", "training.effective"))]
+    out = tmp_path / "schedule.json"
+    procs.run(
+        [procs.PY, "-m", "app.bench", "--batch-schedule", "--seeds", "0", "--lrs", "0.003",
+         "--fractions", "1e-6", "--cores", "0,1", "--json", out, *tiny,
+         "training.max_samples=192", "training.adaptive_batch.patience_steps=1",
+         f"data.cache_dir={tmp_path / 'cache'}"],
+        timeout=400, check=True,
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    (seed,) = report["seeds"]
+    assert [(r["schedule"], r["batch"]) for r in seed["runs"]] == [
+        ("fixed", 8), ("fixed", 16), ("fixed", 32), ("fixed", 64), ("adaptive", 8)]  # fmt: skip
+    assert all(r["samples"] >= 192 and r["curve"] for r in seed["runs"])
+    grown = seed["best_adaptive"]["1e-06"]
+    assert [p["batch"] for p in grown["batches"]][:2] == [8, 16]
+    assert grown["steps"] < seed["runs"][0]["steps"]  # fewer steps than batch 8 throughout
+    assert out.with_suffix(".png").stat().st_size > 10_000

@@ -106,6 +106,25 @@ def write_bench(path: Path, variant: str) -> None:
     path.write_text(json.dumps({"rows": rows}))
 
 
+def write_schedule(path: Path) -> None:
+    """The batch-schedule bench's JSON on a card: two fixed batches and the adaptive run."""
+
+    def run(schedule: str, batch: int, loss: float, steps: int, grew: bool = False) -> dict:
+        phases = [{"step": 0, "samples": 0, "batch": 8}, {"step": 100, "samples": 800,
+                                                          "batch": 16}]  # fmt: skip
+        return {"schedule": schedule, "batch": batch, "lr": 0.003, "final_loss": loss,
+                "steps": steps, "train_s": 3.0, "probe_samples_per_sec": 9000.0,
+                "batches": phases if grew else None}  # fmt: skip
+
+    runs = [run("fixed", 8, 0.42, 480), run("fixed", 16, 0.5, 240), run("adaptive", 8, 0.42, 290,
+                                                                        grew=True)]  # fmt: skip
+    goal = {"met": True}
+    seed = {"runs": runs, "best_adaptive": {"2.0": runs[2]},
+            "goals": {"2.0": {"within_1pct_of_the_best_fixed_loss": goal}}}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"seeds": [seed]}))
+
+
 JUNIT = '<testsuites><testsuite tests="3" failures="0" errors="0" skipped="0">{}</testsuite>'
 TAGS = ["train/loss", *(f"system/{k}" for k in NVML)]
 
@@ -119,6 +138,9 @@ def answer(argv: list[str], cwd: Path) -> tuple[int, str]:
         Path(cwd, junit).parent.mkdir(parents=True, exist_ok=True)
         Path(cwd, junit).write_text(JUNIT.format(case * 3) + "</testsuites>")
         return 0, "3 passed"
+    if "--batch-schedule" in argv:
+        write_schedule(cwd / argv[argv.index("--json") + 1])
+        return 0, "bench done"
     if "app.bench" in argv:
         write_bench(cwd / argv[argv.index("--json") + 1], argv[argv.index("--variants") + 1])
         return 0, "bench done"
@@ -178,4 +200,5 @@ def test_every_step_reads_what_a_run_on_a_card_writes(tmp_path, on_a_card, gpus)
         "compiled trainer MFU >= 40% (H100)": True,
         "compiled trainer ahead of the transformers Trainer": True,
         "logging every step costs under 1%": True,
+        "adaptive batch: within_1pct_of_the_best_fixed_loss": True,
     }

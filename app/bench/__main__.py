@@ -12,6 +12,9 @@ from pathlib import Path
 from app.bench import __doc__ as package_doc
 from app.bench.studies.batch_budget import batch_budget_table, run_batch_budget_bench
 from app.bench.studies.batch_schedule import (
+    FRACTIONS,
+    LRS,
+    Grid,
     batch_schedule_table,
     plot_batch_schedule,
     run_batch_schedule_bench,
@@ -80,7 +83,11 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         studies = run_peers_bench(args.overrides, peers, samplers)
         return {"machine": machine_info(), **studies}, peers_tables(studies)
     if args.batch_schedule:
-        schedule = run_batch_schedule_bench(args.overrides, _seeds(args), _cores(args))
+        grid = Grid(
+            tuple(float(x) for x in args.lrs.split(",")) if args.lrs else LRS,
+            tuple(float(x) for x in args.fractions.split(",")) if args.fractions else FRACTIONS,
+        )
+        schedule = run_batch_schedule_bench(args.overrides, _seeds(args), _cores(args), grid)
         png = Path(args.json or default_json_path(args)).with_suffix(".png")
         plot_batch_schedule(schedule, png)
         return {
@@ -168,6 +175,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--batch-schedule",
         action="store_true",
         help="the adaptive batch (training.batch_schedule=adaptive) against a grid of fixed ones",
+    )
+    p.add_argument("--lrs", help=f"batch-schedule: comma-separated LRs (default {LRS})")
+    p.add_argument(
+        "--fractions", help=f"batch-schedule: comma-separated noise fractions (default {FRACTIONS})"
     )
     p.add_argument(
         "--warm-start",

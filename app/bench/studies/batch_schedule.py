@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
@@ -51,6 +52,8 @@ class RunRow(TypedDict):
     final_loss: float
     steps: int
     samples: int
+    train_s: float  # training and evaluation seconds (the summary's), startup left out
+    probe_samples_per_sec: float | None  # the probe's, at its first batch (auto micro-batch)
     curve: list[tuple[int, int, float]]
     batches: list[dict[str, int]] | None  # the adaptive run's phases: {step, samples, batch}
     wall_s: float
@@ -70,26 +73,34 @@ class ScheduleReport(TypedDict):
     seeds: list[SeedResult]
 
 
+Arm = tuple[str, int, float, float | None]  # schedule, start batch, LR, noise fraction
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The learning rates every batch is tried at and the adaptive rule's fractions (`--lrs`,
+    `--fractions`: fewer, for a quick look or a test)."""
+
+    lrs: tuple[float, ...] = LRS
+    fractions: tuple[float, ...] = FRACTIONS
+
+    def arms(self) -> list[Arm]:
+        """Every run of a seed: the fixed batches, then the adaptive runs."""
+        fixed: list[Arm] = [("fixed", b, lr, None) for b in BATCHES for lr in self.lrs]
+        return fixed + [("adaptive", BATCHES[0], lr, f) for f in self.fractions for lr in self.lrs]
+
+
 def run_batch_schedule_bench(
-    extra: list[str], seeds: list[int], cores: list[int] | None
+    extra: list[str], seeds: list[int], cores: list[int] | None, grid: Grid = Grid()
 ) -> ScheduleReport:
     return {
         "budget_samples": BUDGET,
         "cores": cores,
-        "seeds": [_seed(extra, seed, cores) for seed in seeds],
+        "seeds": [_seed(extra, seed, cores, grid) for seed in seeds],
     }
 
 
-Arm = tuple[str, int, float, float | None]  # schedule, start batch, LR, noise fraction
-
-
-def arms() -> list[Arm]:
-    """Every run of a seed: the grid, then the adaptive runs."""
-    fixed: list[Arm] = [("fixed", b, lr, None) for b in BATCHES for lr in LRS]
-    return fixed + [("adaptive", BATCHES[0], lr, f) for f in FRACTIONS for lr in LRS]
-
-
-def _seed(extra: list[str], seed: int, cores: list[int] | None) -> SeedResult:
+def _seed(extra: list[str], seed: int, cores: list[int] | None, grid: Grid) -> SeedResult:
     with tempfile.TemporaryDirectory(prefix="bench-batch-schedule-") as tmp:
         shared = [
             f"training.seed={seed}",
@@ -99,13 +110,14 @@ def _seed(extra: list[str], seed: int, cores: list[int] | None) -> SeedResult:
         ]
         tasks = {
             " ".join(map(str, arm)): Task(_runner(arm, shared, f"{tmp}/{i}"))
-            for i, arm in enumerate(arms())
+            for i, arm in enumerate(grid.arms())
         }
-        runs = list(run_on_cores(tasks, cores).values())
+        done = run_on_cores(tasks, cores)
+        runs = [done[name] for name in tasks]
     fixed = [r for r in runs if r["schedule"] == "fixed"]
     best = {
         str(f): min((r for r in runs if r["fraction"] == f), key=lambda r: r["final_loss"])
-        for f in FRACTIONS
+        for f in grid.fractions
     }
     return {
         "seed": seed,
@@ -155,6 +167,8 @@ def train_run(arm: Arm, overrides: list[str], where: Path, core: int | None) -> 
         "final_loss": loss,
         "steps": summary.steps,
         "samples": summary.samples_seen,
+        "train_s": summary.train_time_s + (summary.eval_time_s or 0.0),
+        "probe_samples_per_sec": summary.probe_samples_per_sec,
         "curve": curve(where / "run" / "metrics.jsonl"),
         "batches": summary.batch_schedule,
         "wall_s": time.perf_counter() - started,
@@ -198,8 +212,9 @@ def batch_schedule_table(report: ScheduleReport) -> str:
     lines = [
         f"budget: {report['budget_samples']:,} samples per run",
         "",
-        "| seed | run | batch | best LR | final val loss | optimizer steps | batch@samples |",
-        "|---:|---|---|---:|---:|---:|---|",
+        "| seed | run | batch | best LR | final val loss | optimizer steps | train s | "
+        "probe samples/s | batch@samples |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for s in report["seeds"]:
         for b in BATCHES:
@@ -219,9 +234,11 @@ def batch_schedule_table(report: ScheduleReport) -> str:
 
 def _row(seed: int, name: str, r: RunRow) -> str:
     phases = " -> ".join(f"{p['batch']}@{p['samples']}" for p in r["batches"] or [])
+    probe = r["probe_samples_per_sec"]
     return (
         f"| {seed} | {name} | {r['batch']} | {r['lr']:g} | {r['final_loss']:.4f} | "
-        f"{r['steps']:,} | {phases or r['batch']} |"
+        f"{r['steps']:,} | {r['train_s']:.1f} | {'-' if probe is None else f'{probe:,.0f}'} | "
+        f"{phases or r['batch']} |"
     )
 
 
