@@ -130,8 +130,29 @@ def _cores(args: argparse.Namespace) -> list[int] | None:
     return [int(c) for c in args.cores.split(",")] if args.cores else None
 
 
+# The benches a flag picks (none: the throughput bench), each with what it measures; the JSON
+# report is named after the first one set.
+KINDS = {
+    "startup": "time app.train --help / --cfg job",
+    "adamw": "time one AdamW step per implementation",
+    "hpo": "a seeded study with and without pruning",
+    "fleet": "a seeded study with 1 and 2 workers",
+    "parallel": "DDP and FSDP on 2 ranks, OOM agreement on/off",
+    "hpo-peers": "the seeded study by this sweeper (pruners) and by the transformers Trainer",
+    "batch-budget": "studies at a data budget vs fixed steps, against a grid's true best",
+    "report": "time a study report of 200 trials (app.report)",
+    "sampler-choice": "the default study and the bench's under each candidate sampler",
+    "default-study": "the default study against a grid, its unpruned self and the Trainer's study",
+    "warm-start": "the default study warm-started from a related one, against the same cold",
+    "batch-schedule": "the adaptive batch (training.batch_schedule=adaptive) vs fixed batches",
+    "ablate": "time each speed-up option alone",
+}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app.bench", description=package_doc.splitlines()[0])
+    for kind, what in KINDS.items():
+        p.add_argument(f"--{kind}", action="store_true", help=what)
     p.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (median reported)")
     p.add_argument(
@@ -143,47 +164,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="measured steps after the warm-up")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset")
     p.add_argument("--variants", help="comma-separated subset of the profile's variants")
-    p.add_argument("--ablate", action="store_true", help="time each speed-up option alone")
     p.add_argument("--only", help="ablate: comma-separated subset of ablation names")
-    p.add_argument("--startup", action="store_true", help="time app.train --help / --cfg job")
     p.add_argument("--startup-runs", type=int, default=7)
-    p.add_argument("--adamw", action="store_true", help="time one AdamW step per implementation")
-    p.add_argument("--hpo", action="store_true", help="a seeded study with and without pruning")
-    p.add_argument(
-        "--parallel", action="store_true", help="DDP and FSDP on 2 ranks, OOM agreement on/off"
-    )
-    p.add_argument("--fleet", action="store_true", help="a seeded study with 1 and 2 workers")
-    p.add_argument(
-        "--hpo-peers",
-        action="store_true",
-        help="the seeded study by this sweeper (pruners) and by the transformers Trainer",
-    )
-    p.add_argument(
-        "--batch-budget",
-        action="store_true",
-        help="studies at a data budget vs fixed steps, against a grid's true best",
-    )
-    p.add_argument(
-        "--report", action="store_true", help="time a study report of 200 trials (app.report)"
-    )
-    p.add_argument(
-        "--default-study",
-        action="store_true",
-        help="the default study against a grid, its unpruned self and the Trainer's study",
-    )
-    p.add_argument(
-        "--batch-schedule",
-        action="store_true",
-        help="the adaptive batch (training.batch_schedule=adaptive) against a grid of fixed ones",
-    )
     p.add_argument("--lrs", help=f"batch-schedule: comma-separated LRs (default {LRS})")
     p.add_argument(
         "--fractions", help=f"batch-schedule: comma-separated noise fractions (default {FRACTIONS})"
-    )
-    p.add_argument(
-        "--warm-start",
-        action="store_true",
-        help="the default study warm-started from a related one, against the same started cold",
     )
     p.add_argument(
         "--reuse", help="default-study: take the grid and Trainer studies from this earlier stderr"
@@ -200,11 +185,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(e.g. 0,1)",
     )
     p.add_argument("--take", default="enqueue", help="warm-start: enqueue | observe")
-    p.add_argument(
-        "--sampler-choice",
-        action="store_true",
-        help="the default study and the bench's under each candidate sampler",
-    )
     p.add_argument(
         "--arms", help=f"sampler-choice: comma-separated subset of {','.join(SAMPLER_ARMS)}"
     )
@@ -230,22 +210,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def default_json_path(args: argparse.Namespace) -> str:
-    kinds = {
-        "startup": args.startup,
-        "adamw": args.adamw,
-        "hpo": args.hpo,
-        "fleet": args.fleet,
-        "parallel": args.parallel,
-        "hpo-peers": args.hpo_peers,
-        "batch-budget": args.batch_budget,
-        "report": args.report,
-        "sampler-choice": args.sampler_choice,
-        "default-study": args.default_study,
-        "warm-start": args.warm_start,
-        "batch-schedule": args.batch_schedule,
-        "ablate": args.ablate,
-    }
-    kind = next((k for k, on in kinds.items() if on), "bench")
+    kind = next((k for k in KINDS if getattr(args, k.replace("-", "_"))), "bench")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return f"outputs/bench/{kind}-{args.profile}-{stamp}.json"
 
