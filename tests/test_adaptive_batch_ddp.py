@@ -64,9 +64,10 @@ def test_a_study_searches_the_batch_schedule_and_its_report_draws_each_trials_ba
     from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 
     sweep = tmp_path / "sweep"
+    searched = [a for a in ADAPTIVE if not a.startswith("training.batch_schedule=")]
     args = tiny(
         tmp_path,
-        *ADAPTIVE,
+        *searched,  # a setting given on the command line is not searched: it is fixed
         "hpo=optuna",
         "hpo.study_name=t",
         f"hpo.storage={tmp_path / 'study.journal'}",
