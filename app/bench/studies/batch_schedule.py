@@ -5,7 +5,8 @@ Per seed, every run trained on the batch-budget bench's data budget and schedule
 scale measured):
 
 - fixed: the grid of effective batch {8, 16, 32, 64} x LR {1e-3, 2e-3, 3e-3, 5e-3, 1e-2} (the
-  batch-budget bench's, app/bench/studies/batch_budget.py);
+  batch-budget bench's, app/bench/studies/batch_budget.py); `training.max_samples=N` as an
+  extra override trains every run on N samples instead;
 - adaptive: `training.batch_schedule=adaptive` started at the grid's smallest batch and allowed
   its largest, once per LR of the grid, for each `training.adaptive_batch.noise_fraction` of
   FRACTIONS (the shipped 2 first: the batch doubles while the noise scale stays at or above
@@ -30,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from app.bench.studies.batch_budget import BUDGET
 from app.bench.studies.hpo import Goals, run_child
 from app.bench.studies.lanes import Task, run_on_cores
 from app.engine.records.summary import Summary
@@ -93,11 +93,11 @@ class Grid:
 def run_batch_schedule_bench(
     extra: list[str], seeds: list[int], cores: list[int] | None, grid: Grid = Grid()
 ) -> ScheduleReport:
-    return {
-        "budget_samples": BUDGET,
-        "cores": cores,
-        "seeds": [_seed(extra, seed, cores, grid) for seed in seeds],
-    }
+    results = [_seed(extra, seed, cores, grid) for seed in seeds]
+    # The budget every run trained on (the batch-budget grid's unless training.max_samples is
+    # overridden): the least any run saw, a run stopping at the first step past it
+    seen = min(r["samples"] for s in results for r in s["runs"])
+    return {"budget_samples": seen, "cores": cores, "seeds": results}
 
 
 def _seed(extra: list[str], seed: int, cores: list[int] | None, grid: Grid) -> SeedResult:
