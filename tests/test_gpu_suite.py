@@ -334,7 +334,7 @@ def test_sigterm_records_the_step_in_progress_kills_its_tree_and_keeps_the_repor
     ("args", "needle"),
     [
         (["--dry-run"], "--out DIR is required"),
-        (["--out", "x", "--steps", "0-3"], "'0-3' is outside 1-9"),
+        (["--out", "x", "--steps", "0-3"], "'0-3' is outside 1-10"),
         (["--out", "x", "--steps", "two"], "'two' is not a number"),
         (["--out", "x", "--only", "nope"], "no step named 'nope'"),
         (["--out", "x", "--steps", "1", "--only", "bench"], "--steps and --only"),

@@ -3,7 +3,7 @@
 The CPU benchmark's question (docs/benchmarks.md, "A batch that follows the noise scale") on a
 GPU: the tiny GPT-2 on the built-in corpus, the batch-budget grid of fixed batches against
 adaptive runs from its smallest batch, eight runs at a time on the one card, each with the
-probe's micro-batch. The losses and steps answer the same question as on the CPU; the train
+probe's micro-batch (35 runs of a few seconds each after their start-up: two minutes). The losses and steps answer the same question as on the CPU; the train
 seconds and the probe's samples/s per batch say what the steps it saves are worth in wall time
 on a GPU, where a larger batch runs more samples a second."""
 
@@ -33,7 +33,7 @@ def adaptive_batch(ctx: StepContext) -> None:
     lanes = ",".join(str(c) for c in range(min(8, os.cpu_count() or 1)))
     gpu = ctx.py(*bench, "--cores", lanes, *args(GPU))
     dry = ctx.py(*bench, "--cores", lanes, "--lrs", "0.003", "--fractions", "2", *args(DRY))
-    if ctx.sh("batch-schedule bench", gpu, dry=dry, limit_s=170).status != "ok":
+    if ctx.sh("batch-schedule bench", gpu, dry=dry, limit_s=115).status != "ok":
         return
     with ctx.reading("the batch-schedule JSON"):
         seed = json.loads(path.read_text())["seeds"][0]
