@@ -3,9 +3,10 @@
 The CPU benchmark's question (docs/benchmarks.md, "A batch that follows the noise scale") on a
 GPU: the tiny GPT-2 on the built-in corpus, the batch-budget grid of fixed batches against
 adaptive runs from its smallest batch, eight runs at a time on the one card, each with the
-probe's micro-batch (35 runs of a few seconds each after their start-up: two minutes). The losses and steps answer the same question as on the CPU; the train
-seconds and the probe's samples/s per batch say what the steps it saves are worth in wall time
-on a GPU, where a larger batch runs more samples a second."""
+probe's micro-batch (35 runs of a few seconds each after their start-up: two minutes). The
+losses and steps answer the same question as on the CPU; the train seconds and the probe's
+samples/s per batch say what the steps it saves are worth in wall time on a GPU, where a larger
+batch runs more samples a second."""
 
 from __future__ import annotations
 
