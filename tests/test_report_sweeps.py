@@ -53,7 +53,13 @@ def _sweep(tmp_path: Path, trials: list[tuple[float, int]], *extra: str):
 def mixed(tmp_path_factory) -> Path:
     """An asha study with a trial of every ending: the sweep dir."""
     tmp_path = tmp_path_factory.mktemp("mixed")
-    proc = _sweep(tmp_path, MIXED, "hpo.pruner=asha", "++hpo.pruner_args={reduction_factor:2}")
+    proc = _sweep(
+        tmp_path,
+        MIXED,
+        "hpo.pruner=asha",
+        "++hpo.pruner_args={reduction_factor:2}",
+        "fake.grow_batch=16",  # its batch-16 trials record an adaptive batch
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = [line for line in proc.stdout.splitlines() if "[HYDRA]" in line][-2:]
     report = tmp_path / "multirun" / "report.html"

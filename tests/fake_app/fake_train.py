@@ -91,6 +91,7 @@ def main(cfg: DictConfig) -> float | list[float]:
         "memory_limit_gib": cfg.gpu.memory_limit_gib,  # the cap the sweep gave this trial
         "run_dir": run_dir,
         "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),  # as the trial's process saw them
+        "batch_schedule": _grown(t.effective_batch_size, step, f.grow_batch),
     }
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     Path(run_dir, "summary.json").write_text(json.dumps(summary))
@@ -103,6 +104,16 @@ def main(cfg: DictConfig) -> float | list[float]:
         raise Preempted(f"{stop.name}: stopped after step {step}", signum=stop.signum, step=step)
     metric = cfg.objective
     return summary[metric] if isinstance(metric, str) else [summary[m] for m in metric]
+
+
+def _grown(batch: int, steps: int, grows: int | None) -> list[dict[str, int]] | None:
+    """For a trial of batch `grows`: the phases of a batch doubled halfway through
+    (training.batch_schedule=adaptive's record: the step and samples seen where each began)."""
+    if batch != grows:
+        return None
+    half = steps // 2
+    return [{"step": 0, "samples": 0, "batch": batch}, {"step": half, "samples": half * batch,
+                                                        "batch": 2 * batch}]  # fmt: skip
 
 
 def _hold(f, hpo, stop: StopRequest) -> None:
