@@ -113,3 +113,14 @@ def test_the_bench_runs_the_grid_and_an_adaptive_run_that_grows(tmp_path):
     assert [p["batch"] for p in grown["batches"]][:2] == [8, 16]
     assert grown["steps"] < seed["runs"][0]["steps"]  # fewer steps than batch 8 throughout
     assert out.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_a_bad_lr_or_fraction_is_one_line_before_any_run(capsys):
+    from app.bench.__main__ import parse_args
+
+    assert parse_args(["--batch-schedule", "--lrs", "0.003,0.005"]).lrs == (0.003, 0.005)
+    for bad in (["--lrs", "x"], ["--fractions", "0"]):
+        with pytest.raises(SystemExit) as e:
+            parse_args(["--batch-schedule", *bad])
+        assert e.value.code == 2
+        assert f"argument {bad[0]}: invalid" in capsys.readouterr().err.splitlines()[-1]

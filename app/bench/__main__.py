@@ -83,10 +83,7 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         studies = run_peers_bench(args.overrides, peers, samplers)
         return {"machine": machine_info(), **studies}, peers_tables(studies)
     if args.batch_schedule:
-        grid = Grid(
-            tuple(float(x) for x in args.lrs.split(",")) if args.lrs else LRS,
-            tuple(float(x) for x in args.fractions.split(",")) if args.fractions else FRACTIONS,
-        )
+        grid = Grid(args.lrs or LRS, args.fractions or FRACTIONS)
         schedule = run_batch_schedule_bench(args.overrides, _seeds(args), _cores(args), grid)
         png = Path(args.json or default_json_path(args)).with_suffix(".png")
         plot_batch_schedule(schedule, png)
@@ -124,6 +121,14 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
 
 def _seeds(args: argparse.Namespace) -> list[int]:
     return [int(s) for s in args.seeds.split(",")]
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    """A comma-separated list of positive numbers (argparse says which option on an error)."""
+    values = tuple(float(x) for x in text.split(","))
+    if any(v <= 0 for v in values):
+        raise ValueError(text)
+    return values
 
 
 def _cores(args: argparse.Namespace) -> list[int] | None:
@@ -166,9 +171,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", help="comma-separated subset of the profile's variants")
     p.add_argument("--only", help="ablate: comma-separated subset of ablation names")
     p.add_argument("--startup-runs", type=int, default=7)
-    p.add_argument("--lrs", help=f"batch-schedule: comma-separated LRs (default {LRS})")
     p.add_argument(
-        "--fractions", help=f"batch-schedule: comma-separated noise fractions (default {FRACTIONS})"
+        "--lrs", type=_floats, help=f"batch-schedule: comma-separated LRs (default {LRS})"
+    )
+    p.add_argument(
+        "--fractions",
+        type=_floats,
+        help=f"batch-schedule: comma-separated noise fractions (default {FRACTIONS})",
     )
     p.add_argument(
         "--reuse", help="default-study: take the grid and Trainer studies from this earlier stderr"
