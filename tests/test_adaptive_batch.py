@@ -49,11 +49,13 @@ class Watch(StepHooks):
     def __init__(self) -> None:
         self.samples: list[torch.Tensor] = []
         self.lrs: list[float] = []
+        self.micros: list[int] = []  # the plan's micro-batch as the step starts
 
     def on_step_start(self, run: Run, step: int, batch: Samples) -> None:
         assert isinstance(batch, torch.Tensor)
         self.samples.append(batch.clone())
         self.lrs.append(float(run.optimizer.param_groups[0]["lr"]))
+        self.micros.append(run.plan.micro_batch_size)
 
 
 def _run(tmp_path, name: str, *extra: str) -> tuple[Summary, Watch]:
@@ -89,6 +91,45 @@ def _cosine(settings: dict[str, float], position: float, ahead: float) -> float:
         return min(1.0, ahead / warmup)
     progress = min(1.0, (position - warmup) / max(1, end - warmup))
     return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _auto(tmp_path) -> list[str]:
+    """The micro-batch probed (up to 8 on this CPU, by size alone: no timing in the choice)."""
+    return [
+        "training.micro_batch_size=auto",
+        "training.auto_batch.cpu_max_micro_batch=8",
+        "training.auto_batch.throughput_aware=false",
+        f"training.auto_batch.cache_dir={tmp_path / 'autobatch'}",
+    ]
+
+
+def test_with_a_probed_micro_batch_the_micro_batch_grows_with_the_batch(tmp_path):
+    summary, watch = _run(tmp_path, "auto", *_auto(tmp_path))
+    phases = BatchPhases.from_json(summary.batch_schedule or [])
+    assert [p.batch for p in phases.phases] == [4, 8, 16]
+    # Half the batch (the noise scale needs two micro-batches a step) up to the probe's 8
+    want = [min(8, phases.batch_at(step) // 2) for step in range(summary.steps)]
+    assert watch.micros == want
+    # The same samples as the run whose micro-batch stayed at 2, and the data seen exact
+    _, kept = _run(tmp_path, "kept")
+    assert torch.equal(torch.cat(watch.samples), torch.cat(kept.samples))
+    assert summary.samples_seen == sum(len(s) for s in watch.samples)
+    assert set(kept.micros) == {2}
+
+
+def test_an_oom_after_a_doubling_shrinks_the_micro_batch_and_it_does_not_grow_back(tmp_path):
+    # Micro-batches above 2 run out from step 3 on (after the probe, which found 8 fits): batch
+    # 8's micro-batch 4 runs out and is halved; batch 16 stays at 2, where it ran
+    oom = ["faults.oom_above_micro_batch=2", "faults.oom_from_step=3"]
+    summary, watch = _run(tmp_path, "oom", *_auto(tmp_path), *oom)
+    assert summary.status == "completed"
+    phases = BatchPhases.from_json(summary.batch_schedule or [])
+    assert [p.batch for p in phases.phases] == [4, 8, 16]
+    assert summary.oom_count == 1
+    struck = next(s for s, m in enumerate(watch.micros) if s >= 3 and m > 2)
+    assert watch.micros[struck + 1 :] == [2] * (summary.steps - struck - 1)
+    # The effective batch kept through it all
+    assert [len(s) for s in watch.samples] == [phases.batch_at(s) for s in range(summary.steps)]
 
 
 def test_the_learning_rate_follows_lr_scaling_at_each_change_on_the_data_schedule(tmp_path):
@@ -130,8 +171,10 @@ def test_every_record_shows_the_batch_and_each_change(tmp_path):
     assert saved["batch_schedule"] == phases and saved["max_steps"] == summary.steps
 
 
-def test_a_resume_across_a_doubling_ends_bit_identical(tmp_path):
+@pytest.mark.parametrize("micro", ["fixed", "auto"])
+def test_a_resume_across_a_doubling_ends_bit_identical(tmp_path, micro):
     base = ["training.checkpoint_every=3", "model.dropout=0.1"]
+    base += _auto(tmp_path) if micro == "auto" else []
     straight, _ = _run(tmp_path, "straight", *base)
     phases = BatchPhases.from_json(straight.batch_schedule or [])
     assert len(phases.phases) == 3

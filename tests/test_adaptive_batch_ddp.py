@@ -29,7 +29,8 @@ if os.environ.get("RANK") == "1":
 
 
 @pytest.mark.slow
-def test_two_ranks_change_the_batch_at_the_step_rank_0_decides(tmp_path):
+@pytest.mark.parametrize("micro", ["fixed", "auto"])
+def test_two_ranks_change_the_batch_at_the_step_rank_0_decides(tmp_path, micro):
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(textwrap.dedent(BLIND_RANK_1))
@@ -42,6 +43,12 @@ def test_two_ranks_change_the_batch_at_the_step_rank_0_decides(tmp_path):
         "training.max_effective_batch=20",
         "training.peer_timeout_s=60",
     )
+    if micro == "auto":  # probed up to 8 a rank: the micro-batch grows with the shares
+        args += [
+            "training.micro_batch_size=auto",
+            "training.auto_batch.cpu_max_micro_batch=8",
+            "training.auto_batch.throughput_aware=false",
+        ]
     env = procs.environment(path=(procs.ROOT, shim), OMP_NUM_THREADS="1", BLIND_MARK=str(mark))
     ranks = [*procs.TORCHRUN, "--nproc_per_node=2", "-m", "app.train", *args]
     procs.run([*ranks, f"hydra.run.dir={tmp_path / 'ddp'}"], env=env, timeout=600, check=True)
@@ -51,6 +58,8 @@ def test_two_ranks_change_the_batch_at_the_step_rank_0_decides(tmp_path):
     phases = BatchPhases.from_json(summary.batch_schedule or [])
     assert [p.batch for p in phases.phases] == [5, 10, 20]
     assert summary.samples_seen == phases.samples_seen(summary.steps) >= 200
+    # Batch 20: shares of 10, micro-batch 2 by hand; probed, half the share (the noise scale)
+    assert summary.micro_batch_sizes == ([5, 5] if micro == "auto" else [2] * 5)
 
 
 @pytest.mark.slow

@@ -141,3 +141,37 @@ def test_the_rule_follows_a_growing_noise_scale_measured_by_the_estimator():
     for _, true_noise, new in changes:
         assert true_noise >= 0.9 * new  # the truth had about reached 2 x the old batch
         assert true_noise < 2.0 * new  # and not yet the next bar: the rule does not lag a step
+
+
+# -- the plan at a grown batch ------------------------------------------------------------------
+
+
+def test_the_micro_batch_grows_with_the_batch_up_to_the_probes_ceiling():
+    from app.engine.batch_plan import BatchPlan
+
+    plan = BatchPlan(8, 4, source="probed", micro_ceiling=12)  # noise scale: two a step
+    sizes = []
+    for batch in (16, 32, 64):
+        plan = plan.at_batch(batch, two_per_step=True)
+        sizes.append((plan.effective_batch_size, plan.micro_batch_size, plan.micro_sizes))
+    assert sizes == [
+        (16, 8, [8, 8]),  # half the share
+        (32, 11, [11, 11, 10]),  # the ceiling, as the split gives it: the sizes sum exactly
+        (64, 11, [11] * 4 + [10] * 2),
+    ]
+    assert plan.source == "probed"
+    # Without the noise scale the whole share may be one micro-batch
+    assert BatchPlan(8, 8, micro_ceiling=16).at_batch(16, two_per_step=False).micro_sizes == [16]
+
+
+def test_without_a_ceiling_only_the_accumulation_grows():
+    from app.engine.batch_plan import BatchPlan
+
+    fixed = BatchPlan(8, 4, world_size=2, rank=1).at_batch(32, two_per_step=True)
+    assert (fixed.micro_batch_size, fixed.grad_accum_steps, fixed.micro_sizes) == (4, 4, [4] * 4)
+    # Two ranks: each rank's share (16) is what the ceiling caps
+    shared = BatchPlan(8, 2, world_size=2, micro_ceiling=64).at_batch(32, two_per_step=True)
+    assert (shared.micro_batch_size, shared.grad_accum_steps) == (8, 2)
+    # A ceiling at or below the micro-batch (an OOM lowered it) keeps the micro-batch
+    capped = BatchPlan(8, 4, micro_ceiling=4).at_batch(64, two_per_step=True)
+    assert (capped.micro_batch_size, capped.grad_accum_steps) == (4, 16)

@@ -11,6 +11,7 @@ from app.bench.studies.batch_schedule import (
     BATCHES,
     FRACTIONS,
     LRS,
+    Arm,
     Grid,
     batch_schedule_table,
     curve,
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.unit
 def _run(schedule: str, batch: int, loss: float, steps: int, lr: float = 0.003) -> dict:
     return {
         "schedule": schedule, "batch": batch, "lr": lr, "final_loss": loss, "steps": steps,
-        "fraction": None if schedule == "fixed" else 2.0,
+        "fraction": None if schedule == "fixed" else 2.0, "lr_scaling": "none",
         "samples": 3840, "train_s": 2.0, "probe_samples_per_sec": None,
         "curve": [(steps // 2, 1920, loss * 2), (steps, 3840, loss)],
         "batches": None if schedule == "fixed" else [
@@ -54,9 +55,27 @@ def test_the_goals_follow_the_issue():
 def test_every_grid_cell_runs_fixed_and_every_lr_adaptive_from_the_smallest_batch():
     runs = Grid().arms()
     assert len(runs) == len(BATCHES) * len(LRS) + len(FRACTIONS) * len(LRS)
-    adaptive = {(b, lr, f) for k, b, lr, f in runs if k == "adaptive"}
-    assert adaptive == {(BATCHES[0], lr, f) for lr in LRS for f in FRACTIONS}
+    adaptive = {(a.batch, a.lr, a.fraction, a.lr_scaling) for a in runs if a.schedule == "adaptive"}
+    assert adaptive == {(BATCHES[0], lr, f, "none") for lr in LRS for f in FRACTIONS}
     assert FRACTIONS[0] == AdaptiveBatchConfig().noise_fraction  # the shipped rule's first
+    scaled = Grid(lrs=(0.003,), fractions=(2.0,), lr_scalings=("none", "sqrt")).arms()
+    assert [a.rule for a in scaled if a.schedule == "adaptive"] == [
+        "fraction 2", "fraction 2, lr sqrt"]  # fmt: skip
+
+
+def test_the_grid_lr_is_the_rate_at_the_start_batch_whatever_the_scaling(monkeypatch, tmp_path):
+    """training.lr is read at the reference batch (32 in the batch-size sweep): an adaptive run
+    with lr_scaling=sqrt starting at batch 8 gets training.lr = 2 x the grid's rate."""
+    from app.bench.studies import batch_schedule
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(batch_schedule, "train_run", lambda arm, o, where, core: seen.append(o))
+    for scaling in ("none", "sqrt"):
+        batch_schedule._runner(Arm("adaptive", 8, 0.003, 2.0, scaling), [], 32, str(tmp_path))(None)
+    assert [[o for o in x if o.startswith("training.lr")] for x in seen] == [
+        ["training.lr=0.003", "training.lr_scaling=none"],
+        ["training.lr=0.006", "training.lr_scaling=sqrt"],
+    ]
 
 
 def test_a_curve_is_the_evaluations_of_a_run(tmp_path):
@@ -74,16 +93,16 @@ def test_the_table_and_plot_show_each_batch_at_its_best_lr_and_the_adaptive_run(
     adaptive = _run("adaptive", 8, 0.423, 320)
     worse = _run("fixed", 8, 0.6, 480, lr=0.01)
     seed = {"seed": 0, "runs": [*FIXED, worse, adaptive], "best_fixed": FIXED[0],
-            "best_adaptive": {"2.0": adaptive},
-            "goals": {"2.0": goals(FIXED, adaptive)}}  # fmt: skip
+            "best_adaptive": {"fraction 2": adaptive},
+            "goals": {"fraction 2": goals(FIXED, adaptive)}}  # fmt: skip
     report = {"budget_samples": 3840, "cores": None, "seeds": [seed]}
     table = batch_schedule_table(report)
     assert "| 0 | fixed 8 | 8 | 0.003 | 0.4200 | 480 | 2.0 | - | 8 |" in table
     assert (
-        "| 0 | adaptive, fraction 2.0 | 8 | 0.003 | 0.4230 | 320 | 2.0 | - | 8@0 -> 16@1600 |"
+        "| 0 | adaptive, fraction 2 | 8 | 0.003 | 0.4230 | 320 | 2.0 | - | 8@0 -> 16@1600 |"
         in table
     )
-    assert "| 0 | 2.0 | at_least_30pct_fewer_steps_than_the_best_fixed | True |" in table
+    assert "| 0 | fraction 2 | at_least_30pct_fewer_steps_than_the_best_fixed | True |" in table
     plot_batch_schedule(report, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -109,7 +128,7 @@ def test_the_bench_runs_the_grid_and_an_adaptive_run_that_grows(tmp_path):
     assert [(r["schedule"], r["batch"]) for r in seed["runs"]] == [
         ("fixed", 8), ("fixed", 16), ("fixed", 32), ("fixed", 64), ("adaptive", 8)]  # fmt: skip
     assert all(r["samples"] >= 192 and r["curve"] for r in seed["runs"])
-    grown = seed["best_adaptive"]["1e-06"]
+    grown = seed["best_adaptive"]["fraction 1e-06"]
     assert [p["batch"] for p in grown["batches"]][:2] == [8, 16]
     assert grown["steps"] < seed["runs"][0]["steps"]  # fewer steps than batch 8 throughout
     assert out.with_suffix(".png").stat().st_size > 10_000
@@ -119,7 +138,9 @@ def test_a_bad_lr_or_fraction_is_one_line_before_any_run(capsys):
     from app.bench.__main__ import parse_args
 
     assert parse_args(["--batch-schedule", "--lrs", "0.003,0.005"]).lrs == (0.003, 0.005)
-    for bad in (["--lrs", "x"], ["--fractions", "0"]):
+    assert parse_args(["--batch-schedule", "--lr-scalings", "none,sqrt"]).lr_scalings == (
+        "none", "sqrt")  # fmt: skip
+    for bad in (["--lrs", "x"], ["--fractions", "0"], ["--lr-scalings", "cubic"]):
         with pytest.raises(SystemExit) as e:
             parse_args(["--batch-schedule", *bad])
         assert e.value.code == 2

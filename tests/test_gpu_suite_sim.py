@@ -119,8 +119,8 @@ def write_schedule(path: Path) -> None:
     runs = [run("fixed", 8, 0.42, 480), run("fixed", 16, 0.5, 240), run("adaptive", 8, 0.42, 290,
                                                                         grew=True)]  # fmt: skip
     goal = {"met": True}
-    seed = {"runs": runs, "best_adaptive": {"2.0": runs[2]},
-            "goals": {"2.0": {"within_1pct_of_the_best_fixed_loss": goal}}}  # fmt: skip
+    seed = {"runs": runs, "best_adaptive": {"fraction 2": runs[2]},
+            "goals": {"fraction 2": {"within_1pct_of_the_best_fixed_loss": goal}}}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"seeds": [seed]}))
 

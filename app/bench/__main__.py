@@ -42,6 +42,7 @@ from app.bench.throughput.profiles import CONTENDERS, PROFILES
 from app.bench.throughput.report import ablation_table, benchmark_table, machine_info
 from app.bench.throughput.schedule import run_ablations, run_benchmark
 from app.bench.throughput.workers import worker_main
+from app.config.training import LR_SCALINGS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         studies = run_peers_bench(args.overrides, peers, samplers)
         return {"machine": machine_info(), **studies}, peers_tables(studies)
     if args.batch_schedule:
-        grid = Grid(args.lrs or LRS, args.fractions or FRACTIONS)
+        grid = Grid(args.lrs or LRS, args.fractions or FRACTIONS, args.lr_scalings)
         schedule = run_batch_schedule_bench(args.overrides, _seeds(args), _cores(args), grid)
         png = Path(args.json or default_json_path(args)).with_suffix(".png")
         plot_batch_schedule(schedule, png)
@@ -127,6 +128,13 @@ def _floats(text: str) -> tuple[float, ...]:
     """A comma-separated list of positive numbers (argparse says which option on an error)."""
     values = tuple(float(x) for x in text.split(","))
     if any(v <= 0 for v in values):
+        raise ValueError(text)
+    return values
+
+
+def _lr_scalings(text: str) -> tuple[str, ...]:
+    values = tuple(text.split(","))
+    if any(v not in LR_SCALINGS for v in values):
         raise ValueError(text)
     return values
 
@@ -178,6 +186,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--fractions",
         type=_floats,
         help=f"batch-schedule: comma-separated noise fractions (default {FRACTIONS})",
+    )
+    p.add_argument(
+        "--lr-scalings",
+        type=_lr_scalings,
+        default=("none",),
+        help="batch-schedule: comma-separated training.lr_scaling of the adaptive runs "
+        f"(default none; of {', '.join(LR_SCALINGS)})",
     )
     p.add_argument(
         "--reuse", help="default-study: take the grid and Trainer studies from this earlier stderr"

@@ -30,6 +30,11 @@ def split_sizes(total: int, max_micro: int) -> list[int]:
     return split_even(total, math.ceil(total / max_micro))
 
 
+def fit_split(per_rank: int, micro: int) -> int:
+    """The largest micro-batch of the split `micro` gives: 32 at most 12 -> 11+11+10 -> 11."""
+    return math.ceil(per_rank / math.ceil(per_rank / micro))
+
+
 def split_even(total: int, count: int) -> list[int]:
     """`total` samples in `count` micro-batches whose sizes differ by at most one."""
     base, extra = divmod(total, count)
@@ -64,6 +69,9 @@ class BatchPlan:
     probe: ProbeReport | None = None  # training.micro_batch_size=auto
     ooms: OomRecord = field(default_factory=OomRecord)
     eval_micro_batch_size: int | None = None  # None: the training micro-batch
+    # An adaptive batch's room to grow: the largest micro-batch the probe found fits (and an
+    # OOM since then left standing); None: the micro-batch stays as the batch grows.
+    micro_ceiling: int | None = None
 
     @property
     def details(self) -> BatchDetails:
@@ -112,6 +120,21 @@ class BatchPlan:
             ooms=self.ooms if ooms is None else ooms,
             eval_micro_batch_size=evaluation,
         )
+
+    def at_batch(self, batch: int, two_per_step: bool) -> BatchPlan:
+        """The plan at a larger effective batch (an adaptive schedule's doubling): the
+        micro-batch grows with the share, up to micro_ceiling (at most half the share where the
+        noise scale needs two micro-batches a step), so a step runs as few micro-batches as fit;
+        without a ceiling, or at it, only the accumulation grows. A deterministic function of
+        the batch, so a resumed run lands on the micro-batch the uninterrupted one reached."""
+        plan = replace(self, effective_batch_size=batch)
+        if self.micro_ceiling is None or batch <= self.effective_batch_size:
+            return plan
+        share = math.ceil(batch / self.world_size)
+        top = min(self.micro_ceiling, share // 2 if two_per_step else share)
+        if top <= self.micro_batch_size:
+            return plan
+        return plan.with_micro_batch(fit_split(share, top), self.source)
 
     def with_eval_micro_batch(self, micro: int | None) -> BatchPlan:
         return replace(self, eval_micro_batch_size=micro)

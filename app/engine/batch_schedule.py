@@ -88,7 +88,7 @@ class BatchGrowth:
         rule, phases = self.ramp.rule, budget.batch_phases
         now = f", now {phases.last.batch}" if len(phases.phases) > 1 else ""
         return (
-            f"adaptive batch from {phases.first.batch}{now}: doubled (through accumulation) "
+            f"adaptive batch from {phases.first.batch}{now}: doubled "
             f"once the noise scale has stayed >= {rule.fraction:g} x the batch for "
             f"{rule.patience:,} samples, up to {rule.max_batch}; the steps to the budget "
             "shrink as it grows"

@@ -264,7 +264,8 @@ def at_resume(
         return budget, plan, 0
     step = int(state.step)
     budget = resumed_budget(budget, state.batch_schedule, config.training)
-    return budget, dataclasses.replace(plan, effective_batch_size=budget.batch_at(step)), step
+    grown = plan.at_batch(budget.batch_at(step), config.training.measures_noise)
+    return budget, grown, step
 
 
 def resume(run: Run, state: ckpt.TrainState | None) -> None:

@@ -142,8 +142,8 @@ def _row(batch: int, trials: list[BatchTrial], target: float) -> BatchRow:
     """The samples to the target are the least over the batch's learning rates: each batch
     size at its own best rate, as the model asks. Reached only at a trial's last report is not
     reached: the budget, not the batch, would set the figure. An adaptive batch's steps are
-    counted through its batches; its samples/s is its first batch's, which its run keeps (the
-    batch grows through accumulation, the micro-batch stays)."""
+    counted through its batches; its samples/s is its first batch's (a floor where a probed
+    micro-batch grows with the batch)."""
     best = min(trials, key=lambda t: t.final_loss)
     reached = [
         (s, t) for t in trials if (s := samples_to(sorted(t.curve)[:-1], target)) is not None

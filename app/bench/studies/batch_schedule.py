@@ -10,12 +10,15 @@ scale measured):
 - adaptive: `training.batch_schedule=adaptive` started at the grid's smallest batch and allowed
   its largest, once per LR of the grid, for each `training.adaptive_batch.noise_fraction` of
   FRACTIONS (the shipped 2 first: the batch doubles while the noise scale stays at or above
-  fraction x the batch).
+  fraction x the batch) and each `training.lr_scaling` asked for (`--lr-scalings`; `none`, the
+  default, keeps the rate as the batch grows, `sqrt` raises it by sqrt(2) at each doubling). The
+  grid's LR is the rate at the start batch in every case (training.lr is set for the reference
+  batch it is read at).
 
-Goals per seed and fraction (the adaptive batch's issue), the adaptive run being the best over
-the LRs: it ends within 1 % of the best fixed run's final loss, with at least 30 % fewer
-optimizer steps than that run, and lower than every fixed batch that takes as few steps (at its
-best LR).
+Goals per seed and rule (fraction and LR scaling; the adaptive batch's issue), the adaptive run
+being the best over the LRs: it ends within 1 % of the best fixed run's final loss, with at least
+30 % fewer optimizer steps than that run, and lower than every fixed batch that takes as few
+steps (at its best LR).
 `--cores 0,1` runs them side by side, each pinned to one core (with OMP_NUM_THREADS=1): the
 losses and steps do not depend on it, the wall times do.
 """
@@ -33,6 +36,8 @@ from typing import TypedDict
 
 from app.bench.studies.hpo import Goals, run_child
 from app.bench.studies.lanes import Task, run_on_cores
+from app.config.budget import lr_factor
+from app.config.compose import compose
 from app.engine.records.summary import Summary
 
 BATCHES = (8, 16, 32, 64)
@@ -40,6 +45,7 @@ LRS = (0.001, 0.002, 0.003, 0.005, 0.01)
 FRACTIONS = (2.0, 1.0, 0.5)  # the shipped rule's, then readier ones
 WITHIN = 0.01  # within 1 % of the best fixed run's loss ...
 FEWER_STEPS = 0.30  # ... with at least 30 % fewer optimizer steps
+SWEEP = ["+sweeps=batch_size"]  # its budget, schedule and noise scale, as single runs
 
 
 class RunRow(TypedDict):
@@ -47,8 +53,9 @@ class RunRow(TypedDict):
 
     schedule: str  # fixed | adaptive
     batch: int  # the effective batch it started at
-    lr: float
+    lr: float  # the learning rate at that batch
     fraction: float | None  # the adaptive rule's noise_fraction
+    lr_scaling: str  # how the adaptive run's rate follows its batch (none: kept)
     final_loss: float
     steps: int
     samples: int
@@ -63,8 +70,8 @@ class SeedResult(TypedDict):
     seed: int
     runs: list[RunRow]
     best_fixed: RunRow
-    best_adaptive: dict[str, RunRow]  # by fraction
-    goals: dict[str, Goals]  # by fraction
+    best_adaptive: dict[str, RunRow]  # by rule (Arm.rule)
+    goals: dict[str, Goals]  # by rule
 
 
 class ScheduleReport(TypedDict):
@@ -73,34 +80,58 @@ class ScheduleReport(TypedDict):
     seeds: list[SeedResult]
 
 
-Arm = tuple[str, int, float, float | None]  # schedule, start batch, LR, noise fraction
+@dataclass(frozen=True)
+class Arm:
+    """One run of a seed."""
+
+    schedule: str  # fixed | adaptive
+    batch: int  # the effective batch it starts at
+    lr: float  # the learning rate at that batch
+    fraction: float | None = None  # adaptive: the rule's noise_fraction
+    lr_scaling: str = "none"  # adaptive: how the rate follows the batch
+
+    @property
+    def rule(self) -> str:
+        """An adaptive run's rule, as the table and the report's keys name it."""
+        scaled = "" if self.lr_scaling == "none" else f", lr {self.lr_scaling}"
+        return f"fraction {self.fraction:g}{scaled}"
 
 
 @dataclass(frozen=True)
 class Grid:
-    """The learning rates every batch is tried at and the adaptive rule's fractions (`--lrs`,
-    `--fractions`: fewer, for a quick look or a test)."""
+    """The learning rates every batch is tried at, the adaptive rule's fractions and LR scalings
+    (`--lrs`, `--fractions`, `--lr-scalings`: fewer, for a quick look or a test)."""
 
     lrs: tuple[float, ...] = LRS
     fractions: tuple[float, ...] = FRACTIONS
+    lr_scalings: tuple[str, ...] = ("none",)
 
     def arms(self) -> list[Arm]:
         """Every run of a seed: the fixed batches, then the adaptive runs."""
-        fixed: list[Arm] = [("fixed", b, lr, None) for b in BATCHES for lr in self.lrs]
-        return fixed + [("adaptive", BATCHES[0], lr, f) for f in self.fractions for lr in self.lrs]
+        fixed = [Arm("fixed", b, lr) for b in BATCHES for lr in self.lrs]
+        return fixed + [
+            Arm("adaptive", BATCHES[0], lr, f, scaling)
+            for f in self.fractions
+            for scaling in self.lr_scalings
+            for lr in self.lrs
+        ]
 
 
 def run_batch_schedule_bench(
     extra: list[str], seeds: list[int], cores: list[int] | None, grid: Grid = Grid()
 ) -> ScheduleReport:
-    results = [_seed(extra, seed, cores, grid) for seed in seeds]
+    # The reference batch training.lr is read at (the batch-size sweep's unless overridden)
+    reference = int(compose("train", [*SWEEP, *extra]).training.reference_batch)
+    results = [_seed(extra, seed, cores, grid, reference) for seed in seeds]
     # The budget every run trained on (the batch-budget grid's unless training.max_samples is
     # overridden): the least any run saw, a run stopping at the first step past it
     seen = min(r["samples"] for s in results for r in s["runs"])
     return {"budget_samples": seen, "cores": cores, "seeds": results}
 
 
-def _seed(extra: list[str], seed: int, cores: list[int] | None, grid: Grid) -> SeedResult:
+def _seed(
+    extra: list[str], seed: int, cores: list[int] | None, grid: Grid, reference: int
+) -> SeedResult:
     with tempfile.TemporaryDirectory(prefix="bench-batch-schedule-") as tmp:
         shared = [
             f"training.seed={seed}",
@@ -109,15 +140,19 @@ def _seed(extra: list[str], seed: int, cores: list[int] | None, grid: Grid) -> S
             *extra,
         ]
         tasks = {
-            " ".join(map(str, arm)): Task(_runner(arm, shared, f"{tmp}/{i}"))
+            str(arm): Task(_runner(arm, shared, reference, f"{tmp}/{i}"))
             for i, arm in enumerate(grid.arms())
         }
         done = run_on_cores(tasks, cores)
         runs = [done[name] for name in tasks]
     fixed = [r for r in runs if r["schedule"] == "fixed"]
+    rules = {arm.rule: arm for arm in grid.arms() if arm.schedule == "adaptive"}
     best = {
-        str(f): min((r for r in runs if r["fraction"] == f), key=lambda r: r["final_loss"])
-        for f in grid.fractions
+        rule: min(
+            (r for r in runs if (r["fraction"], r["lr_scaling"]) == (a.fraction, a.lr_scaling)),
+            key=lambda r: r["final_loss"],
+        )
+        for rule, a in rules.items()
     }
     return {
         "seed": seed,
@@ -128,19 +163,23 @@ def _seed(extra: list[str], seed: int, cores: list[int] | None, grid: Grid) -> S
     }
 
 
-def _runner(arm: Arm, shared: list[str], where: str) -> Callable[[int | None], RunRow]:
-    kind, batch, lr, fraction = arm
+def _runner(
+    arm: Arm, shared: list[str], reference: int, where: str
+) -> Callable[[int | None], RunRow]:
+    # training.lr is read at the reference batch: the rate at the start batch is the grid's
+    lr = arm.lr / lr_factor(arm.lr_scaling, arm.batch, reference)
     overrides = [
-        "+sweeps=batch_size",
-        f"training.effective_batch_size={batch}",
-        f"training.lr={lr}",
+        *SWEEP,
+        f"training.effective_batch_size={arm.batch}",
+        f"training.lr={lr!r}",
+        f"training.lr_scaling={arm.lr_scaling}",
         *shared,
     ]
-    if kind == "adaptive":
+    if arm.schedule == "adaptive":
         overrides += [
             "training.batch_schedule=adaptive",
             f"training.max_effective_batch={BATCHES[-1]}",
-            f"training.adaptive_batch.noise_fraction={fraction}",
+            f"training.adaptive_batch.noise_fraction={arm.fraction}",
         ]
     return lambda core: train_run(arm, overrides, Path(where), core)
 
@@ -158,12 +197,12 @@ def train_run(arm: Arm, overrides: list[str], where: Path, core: int | None) -> 
     loss = summary.final_val.get("loss")
     if loss is None:
         raise SystemExit(f"run ended without a validation loss: {' '.join(cmd)}")
-    kind, batch, lr, fraction = arm
     return {
-        "schedule": kind,
-        "batch": batch,
-        "lr": lr,
-        "fraction": fraction,
+        "schedule": arm.schedule,
+        "batch": arm.batch,
+        "lr": arm.lr,
+        "fraction": arm.fraction,
+        "lr_scaling": arm.lr_scaling,
         "final_loss": loss,
         "steps": summary.steps,
         "samples": summary.samples_seen,
@@ -223,9 +262,9 @@ def batch_schedule_table(report: ScheduleReport) -> str:
                 key=lambda r: r["final_loss"],
             )
             lines.append(_row(s["seed"], f"fixed {b}", r))
-        for f, r in s["best_adaptive"].items():
-            lines.append(_row(s["seed"], f"adaptive, fraction {f}", r))
-    lines += ["", "| seed | fraction | goal | met |", "|---:|---:|---|---|"]
+        for rule, r in s["best_adaptive"].items():
+            lines.append(_row(s["seed"], f"adaptive, {rule}", r))
+    lines += ["", "| seed | rule | goal | met |", "|---:|---|---|---|"]
     for s in report["seeds"]:
         for f, by_goal in s["goals"].items():
             lines += [f"| {s['seed']} | {f} | {g} | {x['met']} |" for g, x in by_goal.items()]
@@ -244,7 +283,7 @@ def _row(seed: int, name: str, r: RunRow) -> str:
 
 def plot_batch_schedule(report: ScheduleReport, path: Path) -> None:
     """Loss against samples and against steps, one line per run: each fixed batch at its best
-    LR and the best adaptive run of each fraction; a row per seed."""
+    LR and the best adaptive run of each rule; a row per seed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -262,8 +301,7 @@ def plot_batch_schedule(report: ScheduleReport, path: Path) -> None:
         ]
         for r in [*shown, *s["best_adaptive"].values()]:
             adaptive = r["schedule"] == "adaptive"
-            label = f"adaptive from {r['batch']}, fraction {r['fraction']:g}" if adaptive else (
-                f"fixed {r['batch']}")  # fmt: skip
+            label = f"adaptive from {r['batch']}, {_rule(r)}" if adaptive else f"fixed {r['batch']}"
             width = 2.5 if adaptive else 1.2
             for ax, x in zip(row, (1, 0), strict=True):
                 ax.plot([p[x] for p in r["curve"]], [p[2] for p in r["curve"]],
@@ -276,3 +314,7 @@ def plot_batch_schedule(report: ScheduleReport, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _rule(r: RunRow) -> str:
+    return Arm(r["schedule"], r["batch"], r["lr"], r["fraction"], r["lr_scaling"]).rule

@@ -17,6 +17,7 @@ from app.components.hardware.devices import DeviceInfo
 from app.config.training import AutoBatchConfig
 from app.core.outcomes import TrainingOOM
 from app.engine.batch.cache import Trials, fits_below_failure
+from app.engine.batch_plan import fit_split
 from app.engine.comms.distributed import DistInfo
 from app.engine.records.batch import Candidate
 
@@ -29,11 +30,6 @@ def memory_limit(device: DeviceInfo, preset: GpuConfig, ab: AutoBatchConfig) -> 
     if device.type == "cpu":
         return float(ab.cpu_memory_fraction)
     return 1.0 - float(preset.memory_headroom)
-
-
-def fit_split(per_rank: int, micro: int) -> int:
-    """The largest micro-batch of the split `micro` gives: 32 at most 12 -> 11+11+10 -> 11."""
-    return math.ceil(per_rank / math.ceil(per_rank / micro))
 
 
 def split_candidates(per_rank: int, top: int) -> list[int]:

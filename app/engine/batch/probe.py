@@ -40,9 +40,11 @@ import torch
 from app.components.tasks.base import TaskData
 from app.engine.batch.cache import (
     ProbeSetup,
+    Trials,
     cache_key,
     cache_path,
     covers,
+    fits_below_failure,
     merge_entry,
     read_entry,
     record_oom,
@@ -50,7 +52,7 @@ from app.engine.batch.cache import (
 from app.engine.batch.choice import agree_across_ranks, candidate_rows, choose, memory_limit
 from app.engine.batch.search import MemoryMeter, Probe
 from app.engine.batch_plan import BatchPlan, fixed_plan
-from app.engine.comms.distributed import agree_all
+from app.engine.comms.distributed import DistInfo, agree_all
 from app.engine.records.batch import ProbeReport
 
 log = logging.getLogger(__name__)
@@ -71,22 +73,26 @@ def auto_plan(
     # The noise scale compares two micro-batch sizes: at least two a step. Probed to the whole
     # share still, so the throughput found for this batch does not depend on it.
     pick = max(1, min(upper, per_rank // 2)) if t.measures_noise else upper
+    # An adaptive batch is probed up to its largest share: the micro-batch grows with it
+    reach = max(upper, min(math.ceil(t.batch_cap / dist.world_size), cap))
     limit = memory_limit(device, setup.machine.preset, ab)
     key = cache_key(setup, model)
     path = cache_path(setup.cache_dir, key) if setup.cache_dir is not None else None
     entry = read_entry(path, key) if path else None
-    hit = entry is not None and covers(entry, upper, limit)
+    hit = entry is not None and covers(entry, reach, limit)
     hit = agree_all(hit, dist)  # the ranks probe together: all use the cache, or none
     if hit and entry is not None:
         trials, source, (seconds, steps) = entry["trials"], "cached", (0.0, 0)
     else:
         probe = Probe(setup, model, data, limit, meter)
-        trials = probe.run(upper, per_rank, throughput_aware=ab.throughput_aware)
+        trials = probe.run(reach, per_rank, throughput_aware=ab.throughput_aware)
         source, (seconds, steps) = "probed", probe.cost()
         if path is not None and dist.is_main:
-            merge_entry(path, key, trials, upper)
+            merge_entry(path, key, trials, reach)
     micro, chosen_by = choose(trials, limit, pick, per_rank, ab.throughput_aware)
     micro = agree_across_ranks(micro, dist, device.torch_device)
+    grows = t.batch_cap > t.effective_batch_size
+    ceiling = growth_ceiling(trials, limit, reach, dist, device.torch_device) if grows else None
     report = ProbeReport(
         probe_seconds=seconds,
         probe_steps=steps,
@@ -96,8 +102,18 @@ def auto_plan(
         cache=str(path) if path else None,
     )
     plan = BatchPlan(t.effective_batch_size, micro, dist.world_size, dist.rank, source, report)
+    plan.micro_ceiling = ceiling
     log.info("auto micro-batch: %s", plan.describe())
     return plan
+
+
+def growth_ceiling(
+    trials: Trials, limit: float, reach: int, dist: DistInfo, device: torch.device
+) -> int:
+    """The largest micro-batch an adaptive batch may grow to: the largest that fits below the
+    first failure, the same on every rank (the tightest device's)."""
+    fits, _ = fits_below_failure(trials, limit, reach)
+    return agree_across_ranks(fits[-1], dist, device)
 
 
 def oom_listener(setup: ProbeSetup, model: torch.nn.Module) -> Callable[[BatchPlan], None] | None:

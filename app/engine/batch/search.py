@@ -98,7 +98,8 @@ class Probe:
             try:
                 self.search(upper)
                 if throughput_aware:
-                    self.time_top(per_rank, upper)
+                    # The split sizes of this batch's share (an adaptive batch searched beyond)
+                    self.time_top(per_rank, min(upper, per_rank))
             finally:
                 del self.probe_run
                 if compiles(self.setup.model, self.setup.machine.preset):

@@ -4,14 +4,14 @@ scale grows (the rule and what a run holds of it: app/engine/batch_schedule.py).
 The rule is read at log points, where the run already syncs with the host; rank 0 decides and
 every rank hears its decision (one small broadcast), so all change at the same step. A doubling
 takes effect from the next optimizer step: the budget's phases (the data seen stays exact, the
-steps to the budget follow), the plan's accumulation (the micro-batch is kept: what fitted still
-fits), the noise scale's batch, the learning rate (lr_scaling at the new batch, on the same data
-schedule) and the data loader, which restarts at that step on the same stream of samples.
+steps to the budget follow), the plan (the micro-batch grows up to the largest the probe found
+fits, with training.micro_batch_size=auto, and the accumulation makes up the rest; a micro-batch
+set by hand is kept), the noise scale's batch, the learning rate (lr_scaling at the new batch,
+on the same data schedule) and the data loader, which restarts at that step on the same stream
+of samples.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from app.components.schedule import LrSchedule
 from app.config.budget import TrainBudget
@@ -56,7 +56,7 @@ def change_batch(run: Run, step: int, batch: int) -> None:
     assert growth is not None
     old_batch, old_lr = run.budget.batch_at(step), current_lr(run)
     run.budget = run.budget.with_batch_from(step, batch)
-    run.plan = dataclasses.replace(run.plan, effective_batch_size=batch)
+    run.plan = run.plan.at_batch(batch, two_per_step=run.noise is not None)
     if run.noise is not None:
         run.noise.big = batch
     growth.schedule.settings = run.budget

@@ -99,6 +99,8 @@ def shrink_micro_batch(run: Run, step: int, error: str | None) -> None:
     smaller = max(1, current // 2)
     struck = replace(ooms, at_step=step, reduced_from=current)
     run.plan = run.plan.with_micro_batch(smaller, "reduced_after_oom", struck)
+    if run.plan.micro_ceiling is not None:  # an adaptive batch never grows back past it
+        run.plan.micro_ceiling = min(run.plan.micro_ceiling, smaller)
     log.warning(
         "OOM at step %d with micro-batch %d: retrying the step with %d (%s)",
         step,
