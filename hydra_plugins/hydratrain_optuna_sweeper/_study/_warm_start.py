@@ -16,10 +16,12 @@ there first (a fleet's workers share what was borrowed; a rerun borrows nothing 
   hpo.budget_trials, never the study's best and never promoted (user attr reason=borrowed).
   Only a trial that lies in this space whole is observed (a value measured elsewhere, or
   without one of this space's parameters, would mislead a sampler that models them jointly).
-  Their values are taken as they are: the sources must optimize the same directions, and their
-  values are comparable only on the same task. `rungs` brings their reports too, for a pruner
-  that compares reports (median) at equal data: only where their report axis and budget are
-  this study's.
+  Their values are taken as they are, not by rank, and weighed as this study's own: TPE reads
+  values only through their order, and measured with the new values shifted either way (a
+  wider model, more data: docs/benchmarks.md) as-is met the warm start's goals on both. The
+  sources must optimize the same directions, and their values compare only on the same task.
+  `rungs` brings their reports too, for a pruner that compares reports (median) at equal data:
+  only where their report axis and budget are this study's.
 
 A trial a source borrowed itself is not borrowed again. The claim that makes it once per study
 is a study of its own, `<study>:hpo:warm_start`, which only one worker can create (under the
