@@ -155,8 +155,6 @@ def test_a_stop_whose_trial_cannot_save_still_stops_the_sweep(tmp_path):
     """SIGTERM reaches a sweep whose trial's run dir is gone (a vanished scratch disk): the
     trial's stop checkpoint fails, the trial is failed with that reason, and the sweep stops
     there with the usual status and one line, launching no other trial."""
-    import shutil
-
     sweep = _train_sweep(tmp_path)
     metrics = tmp_path / "multirun" / "0" / "metrics.jsonl"
     deadline = time.time() + 120
@@ -164,7 +162,9 @@ def test_a_stop_whose_trial_cannot_save_still_stops_the_sweep(tmp_path):
         assert time.time() < deadline and sweep.poll() is None, "the trial never trained"
         time.sleep(0.1)
     run_dir = metrics.parent
-    shutil.rmtree(run_dir)
+    # Moved away in one step (a removal would race the trial's own writers, e.g. TensorBoard's
+    # files appearing while the tree is removed), and a file in its place
+    run_dir.rename(tmp_path / "gone")
     run_dir.write_text("not a directory any more")  # nothing can be written under it
     sweep.send_signal(signal.SIGTERM)
     try:
