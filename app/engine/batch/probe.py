@@ -101,8 +101,10 @@ def auto_plan(
         candidates=candidate_rows(trials, limit),
         cache=str(path) if path else None,
     )
-    plan = BatchPlan(t.effective_batch_size, micro, dist.world_size, dist.rank, source, report)
-    plan.micro_ceiling = ceiling
+    plan = BatchPlan(
+        t.effective_batch_size, micro, dist.world_size, dist.rank, source, report,
+        micro_ceiling=ceiling,
+    )  # fmt: skip
     log.info("auto micro-batch: %s", plan.describe())
     return plan
 
