@@ -146,13 +146,10 @@ def _seed(
         done = run_on_cores(tasks, cores)
         runs = [done[name] for name in tasks]
     fixed = [r for r in runs if r["schedule"] == "fixed"]
-    rules = {arm.rule: arm for arm in grid.arms() if arm.schedule == "adaptive"}
+    adaptive = [r for r in runs if r["schedule"] == "adaptive"]
     best = {
-        rule: min(
-            (r for r in runs if (r["fraction"], r["lr_scaling"]) == (a.fraction, a.lr_scaling)),
-            key=lambda r: r["final_loss"],
-        )
-        for rule, a in rules.items()
+        rule: min((r for r in adaptive if _rule(r) == rule), key=lambda r: r["final_loss"])
+        for rule in dict.fromkeys(_rule(r) for r in adaptive)  # in the grid's order
     }
     return {
         "seed": seed,
