@@ -219,3 +219,34 @@ def test_a_checkpoint_of_a_grown_batch_resumes_only_as_adaptive(tmp_path):
 def test_without_a_data_budget_it_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"so its budget must be data, but it is 6 steps"):
         config(tiny(tmp_path, "training.batch_schedule=adaptive"))
+
+
+class Betas(StepHooks):
+    def __init__(self) -> None:
+        self.betas: set[float] = set()
+
+    def on_step_start(self, run: Run, step: int, batch: Samples) -> None:
+        assert run.noise is not None
+        self.betas.add(run.noise.beta)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "want"), [("adaptive", 0.9), ("fixed", 0.95)], ids=["adaptive", "fixed"]
+)
+def test_the_rule_reads_the_noise_scale_at_its_own_smoothing(tmp_path, schedule, want):
+    # An adaptive run averages the estimate over adaptive_batch.smoothing; a fixed run that
+    # measures the noise scale keeps the log line's 0.95 whatever that setting says
+    hooks = Betas()
+    extra = [
+        f"training.batch_schedule={schedule}",
+        "training.noise_scale=true",
+        "training.adaptive_batch.smoothing=0.9",
+        "training.max_samples=40",
+    ]
+    run_training(config(tiny(tmp_path, *ADAPTIVE, *extra)), tmp_path / "r", Observers(hooks=hooks))
+    assert hooks.betas == {want}
+
+
+def test_a_smoothing_of_one_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"training\.adaptive_batch\.smoothing"):
+        config(tiny(tmp_path, *ADAPTIVE, "training.adaptive_batch.smoothing=1.0"))

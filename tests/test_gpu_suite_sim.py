@@ -17,6 +17,7 @@ from app.engine.records.summary import Summary
 from app.gpu_suite import context, report
 from app.gpu_suite.context import StepContext, Suite
 from app.gpu_suite.steps import STEPS
+from app.gpu_suite.steps.adaptive import GOAL_RULE
 from app.gpu_suite.suite import run_steps
 
 pytestmark = pytest.mark.unit
@@ -119,8 +120,8 @@ def write_schedule(path: Path) -> None:
     runs = [run("fixed", 8, 0.42, 480), run("fixed", 16, 0.5, 240), run("adaptive", 8, 0.42, 290,
                                                                         grew=True)]  # fmt: skip
     goal = {"met": True}
-    seed = {"runs": runs, "best_adaptive": {"fraction 2": runs[2]},
-            "goals": {"fraction 2": {"within_1pct_of_the_best_fixed_loss": goal}}}  # fmt: skip
+    seed = {"runs": runs, "best_adaptive": {GOAL_RULE: runs[2]},
+            "goals": {GOAL_RULE: {"within_1pct_of_the_best_fixed_loss": goal}}}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"seeds": [seed]}))
 

@@ -55,8 +55,13 @@ class AdaptiveBatchConfig:
     effective batch when the smoothed gradient noise scale has stayed at or above
     `noise_fraction` x the batch for `patience_steps` steps of training.reference_batch."""
 
-    noise_fraction: float = bounded(2.0, low=0.0, low_open=True)
+    noise_fraction: float = bounded(1.0, low=0.0, low_open=True)
     patience_steps: int = count(25)
+    # The noise scale's moving-average factor per optimizer step while the rule reads it (the
+    # log line's is 0.95, about 20 steps of memory): a decision needs a steadier estimate, and
+    # with memory counted in steps it lags more at a grown batch, which spaces out the doublings
+    # (docs/benchmarks.md measured 0.95, 0.99 and 0.995).
+    smoothing: float = fraction(0.995, high_open=True)
 
 
 @dataclass

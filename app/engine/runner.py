@@ -39,7 +39,7 @@ from app.engine.faults import FaultInjector
 from app.engine.parallel.fsdp import full_state_dict
 from app.engine.parallel.rank_memory import record_ranks
 from app.engine.parallel.wrap import agreement, forward_model, place
-from app.engine.records.noise_scale import NoiseScale, check_plan
+from app.engine.records.noise_scale import SMOOTHING, NoiseScale, check_plan
 from app.engine.records.summary import Summary
 from app.engine.records.telemetry import RunLogger, flops_per_token
 from app.engine.report import (
@@ -244,7 +244,9 @@ def noise_scale(config: TrainConfig, plan: BatchPlan, device: torch.device) -> N
     if not config.training.measures_noise:
         return None
     check_plan(plan.grad_accum_steps, plan.micro_batch_size, plan.effective_batch_size)
-    return NoiseScale(plan.effective_batch_size, device)
+    t = config.training
+    beta = t.adaptive_batch.smoothing if t.batch_schedule == "adaptive" else SMOOTHING
+    return NoiseScale(plan.effective_batch_size, device, beta)
 
 
 def build_optimizer(

@@ -27,8 +27,9 @@ GPU: Overrides = {
 }
 # The dry run: the tiny model, one LR and the shipped rule, a tenth of the budget.
 DRY: Overrides = {**TINY_MODEL, "training.micro_batch_size": 4, "training.max_samples": 384}
-# The shipped rule's name in the bench's report: the goals are read on it
-GOAL_RULE = Arm("adaptive", 8, 0.0, AdaptiveBatchConfig().noise_fraction).rule
+# The shipped rule's fraction and its name in the bench's report: the goals are read on it
+SHIPPED = AdaptiveBatchConfig().noise_fraction
+GOAL_RULE = Arm("adaptive", 8, 0.0, SHIPPED).rule
 
 
 def adaptive_batch(ctx: StepContext) -> None:
@@ -36,7 +37,8 @@ def adaptive_batch(ctx: StepContext) -> None:
     bench = ["-m", "app.bench", "--batch-schedule", "--seeds", "0", "--json", str(path)]
     lanes = ",".join(str(c) for c in range(min(8, os.cpu_count() or 1)))
     gpu = ctx.py(*bench, "--cores", lanes, *args(GPU))
-    dry = ctx.py(*bench, "--cores", lanes, "--lrs", "0.003", "--fractions", "2", *args(DRY))
+    shipped = ["--lrs", "0.003", "--fractions", f"{SHIPPED:g}"]
+    dry = ctx.py(*bench, "--cores", lanes, *shipped, *args(DRY))
     if ctx.sh("batch-schedule bench", gpu, dry=dry, limit_s=115).status != "ok":
         return
     with ctx.reading("the batch-schedule JSON"):
