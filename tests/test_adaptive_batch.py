@@ -233,7 +233,7 @@ class Betas(StepHooks):
 @pytest.mark.parametrize(
     ("schedule", "want"), [("adaptive", 0.9), ("fixed", 0.95)], ids=["adaptive", "fixed"]
 )
-def test_the_rule_reads_the_noise_scale_at_its_own_smoothing(tmp_path, schedule, want):
+def test_the_rule_reads_the_noise_scale_at_its_own_smoothing(tmp_path, capsys, schedule, want):
     # An adaptive run averages the estimate over adaptive_batch.smoothing; a fixed run that
     # measures the noise scale keeps the log line's 0.95 whatever that setting says
     hooks = Betas()
@@ -245,6 +245,9 @@ def test_the_rule_reads_the_noise_scale_at_its_own_smoothing(tmp_path, schedule,
     ]
     run_training(config(tiny(tmp_path, *ADAPTIVE, *extra)), tmp_path / "r", Observers(hooks=hooks))
     assert hooks.betas == {want}
+    # The banner's schedule line states the average the rule reads
+    banner = "the noise scale (averaged over ~10 steps)" in capsys.readouterr().out
+    assert banner == (schedule == "adaptive")
 
 
 def test_a_smoothing_of_one_is_refused_in_one_line(tmp_path):

@@ -71,7 +71,7 @@ def _doublings(rule: RampRule, start: int, readings: list[tuple[int, float | Non
 
 
 def test_the_rule_doubles_once_the_noise_scale_has_stayed_above_the_bar_for_the_patience():
-    rule = RampRule(fraction=2.0, patience=100, max_batch=64)
+    rule = RampRule(fraction=2.0, patience=100, max_batch=64, smoothing=0.95)
     # readings every 50 samples; the noise scale at 16 (= 2 x 8) from sample 200 on
     readings = [(s, 10.0 if s < 200 else 16.0) for s in range(0, 1001, 50)]
     # above the bar at 200, 250, 300: 100 samples on end at 300 -> 16; the bar is then 32
@@ -79,19 +79,19 @@ def test_the_rule_doubles_once_the_noise_scale_has_stayed_above_the_bar_for_the_
 
 
 def test_a_reading_below_the_bar_or_unknown_starts_the_wait_again():
-    rule = RampRule(fraction=2.0, patience=100, max_batch=64)
+    rule = RampRule(fraction=2.0, patience=100, max_batch=64, smoothing=0.95)
     noise = {0: 20, 50: 20, 100: 15, 150: 20, 200: None, 250: 20, 300: 20, 350: 20}
     assert _doublings(rule, 8, list(noise.items())) == [(350, 16)]
 
 
 def test_the_rule_stops_at_the_max_batch():
-    rule = RampRule(fraction=2.0, patience=0, max_batch=32)
+    rule = RampRule(fraction=2.0, patience=0, max_batch=32, smoothing=0.95)
     readings = [(s, 1e6) for s in range(0, 500, 10)]
     assert _doublings(rule, 8, readings) == [(0, 16), (10, 32)]
 
 
 def test_a_restored_rule_decides_as_the_uninterrupted_one():
-    rule = RampRule(fraction=2.0, patience=100, max_batch=64)
+    rule = RampRule(fraction=2.0, patience=100, max_batch=64, smoothing=0.95)
     readings = [(s, 16.0) for s in range(0, 301, 50)]
     whole = _doublings(rule, 8, readings)
     first = BatchRamp(rule)
@@ -125,7 +125,7 @@ def test_the_rule_follows_a_growing_noise_scale_measured_by_the_estimator():
     reading the estimator every step, doubles 8 -> 16 -> 32 -> 64 (the max), each time after
     the truth has passed 2x the batch and not long before the next bar (the estimate lags)."""
     truth = lambda samples: 4.0 + samples / 312.5  # noqa: E731
-    rule = RampRule(fraction=2.0, patience=400, max_batch=64)
+    rule = RampRule(fraction=2.0, patience=400, max_batch=64, smoothing=0.95)
     ramp, batch, changes = BatchRamp(rule), 8, []
     run = _noise_scale_run(truth, steps=2000, small=2, batch_at=lambda _: 8)
     samples, noise, _ = next(run)

@@ -33,6 +33,7 @@ class RampRule:
     fraction: float  # double when the noise scale >= fraction x the current batch ...
     patience: int  # ... for this many samples on end
     max_batch: int  # never past this effective batch
+    smoothing: float  # the noise scale's moving-average factor per step, as the rule reads it
 
 
 @dataclass
@@ -89,7 +90,8 @@ class BatchGrowth:
         now = f", now {phases.last.batch}" if len(phases.phases) > 1 else ""
         return (
             f"adaptive batch from {phases.first.batch}{now}: doubled "
-            f"once the noise scale has stayed >= {rule.fraction:g} x the batch for "
+            f"once the noise scale (averaged over ~{1 / (1 - rule.smoothing):.0f} steps) has "
+            f"stayed >= {rule.fraction:g} x the batch for "
             f"{rule.patience:,} samples, up to {rule.max_batch}; the steps to the budget "
             "shrink as it grows"
         )

@@ -31,7 +31,8 @@ def build_growth(
     if t.batch_schedule != "adaptive":
         return None
     a = t.adaptive_batch
-    rule = RampRule(a.noise_fraction, a.patience_steps * t.reference_batch, t.batch_cap)
+    patience = a.patience_steps * t.reference_batch
+    rule = RampRule(a.noise_fraction, patience, t.batch_cap, a.smoothing)
     return BatchGrowth(BatchRamp(rule), schedule, steps_from)
 
 
