@@ -4,8 +4,10 @@ runs, each run's curve read from its metrics.jsonl, and the table and plot drawn
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from app.bench.studies.batch_schedule import (
     BATCHES,
@@ -18,6 +20,7 @@ from app.bench.studies.batch_schedule import (
     goals,
     plot_batch_schedule,
 )
+from app.bench.studies.paired_loss import PairedGap
 from app.config.training import AdaptiveBatchConfig
 
 pytestmark = pytest.mark.unit
@@ -107,6 +110,43 @@ def test_the_table_and_plot_show_each_batch_at_its_best_lr_and_the_adaptive_run(
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_loss_goal_is_shown_with_its_paired_standard_error():
+    adaptive = _run("adaptive", 8, 0.423, 320)
+    gap = PairedGap(relative=0.00714, stderr=0.0066, samples=128)
+    seed = {"seed": 0, "runs": [*FIXED, adaptive], "best_fixed": FIXED[0],
+            "best_adaptive": {"fraction 2": adaptive},
+            "goals": {"fraction 2": goals(FIXED, adaptive, gap)}}  # fmt: skip
+    table = batch_schedule_table({"budget_samples": 3840, "cores": None, "seeds": [seed]})
+    assert (
+        "| 0 | fraction 2 | within_1pct_of_the_best_fixed_loss | True | +0.71 % "
+        "(paired s.e. 0.66 %) |" in table
+    )
+    assert "| at_least_30pct_fewer_steps_than_the_best_fixed | True | 33.3 % fewer |" in table
+
+
+def test_the_paired_standard_error_is_that_of_the_per_sample_differences(monkeypatch):
+    """Two runs on the same samples: the gap's error is the spread of their differences, not
+    of their losses (which share each sample's difficulty)."""
+    from app.bench.studies import paired_loss
+
+    hard = torch.tensor([0.1, 0.5, 0.2, 0.9, 0.3, 0.7])  # samples of very different difficulty
+    shift = torch.tensor([0.01, 0.03, 0.02, 0.02, 0.01, 0.03])
+    losses = {
+        "ours": paired_loss.SampleLosses(float((hard + shift).mean()), hard + shift),
+        "ref": paired_loss.SampleLosses(float(hard.mean()), hard),
+    }
+    monkeypatch.setattr(paired_loss.SampleLosses, "of", lambda run: losses[str(run)])
+    gap = paired_loss.paired_gap(Path("ours"), Path("ref"))
+    ref = float(hard.mean())
+    assert gap.relative == pytest.approx(float(shift.mean()) / ref, rel=1e-5)
+    assert gap.stderr == pytest.approx(float(shift.std()) / 6**0.5 / ref, rel=1e-5)
+    assert gap.stderr < float(hard.std()) / 6**0.5 / ref / 10  # far below either loss's own
+    assert gap.samples == 6
+    losses["short"] = paired_loss.SampleLosses(0.2, hard[:5])
+    with pytest.raises(ValueError, match="different validation sets"):
+        paired_loss.paired_gap(Path("short"), Path("ref"))
+
+
 @pytest.mark.e2e
 def test_the_bench_runs_the_grid_and_an_adaptive_run_that_grows(tmp_path):
     """`--batch-schedule` end to end on a tiny model, one LR and a rule that doubles at once:
@@ -131,6 +171,9 @@ def test_the_bench_runs_the_grid_and_an_adaptive_run_that_grows(tmp_path):
     grown = seed["best_adaptive"]["fraction 1e-06"]
     assert [p["batch"] for p in grown["batches"]][:2] == [8, 16]
     assert grown["steps"] < seed["runs"][0]["steps"]  # fewer steps than batch 8 throughout
+    # The loss goal beside its paired error: both final models re-evaluated, the same loss
+    loss_goal = seed["goals"]["fraction 1e-06"]["within_1pct_of_the_best_fixed_loss"]
+    assert 0 < loss_goal["paired_stderr"] < 0.5 and loss_goal["paired_samples"] > 1
     assert out.with_suffix(".png").stat().st_size > 10_000
 
 

@@ -36,6 +36,7 @@ from typing import TypedDict
 
 from app.bench.studies.hpo import Goals, run_child
 from app.bench.studies.lanes import Task, run_on_cores
+from app.bench.studies.paired_loss import PairedGap, paired_gap
 from app.config.budget import lr_factor
 from app.config.compose import compose
 from app.engine.records.summary import Summary
@@ -145,18 +146,21 @@ def _seed(
         }
         done = run_on_cores(tasks, cores)
         runs = [done[name] for name in tasks]
-    fixed = [r for r in runs if r["schedule"] == "fixed"]
-    adaptive = [r for r in runs if r["schedule"] == "adaptive"]
-    best = {
-        rule: min((r for r in adaptive if _rule(r) == rule), key=lambda r: r["final_loss"])
-        for rule in dict.fromkeys(_rule(r) for r in adaptive)  # in the grid's order
-    }
+        fixed = [r for r in runs if r["schedule"] == "fixed"]
+        adaptive = [r for r in runs if r["schedule"] == "adaptive"]
+        best_fixed = min(fixed, key=lambda r: r["final_loss"])
+        best = {
+            rule: min((r for r in adaptive if _rule(r) == rule), key=lambda r: r["final_loss"])
+            for rule in dict.fromkeys(_rule(r) for r in adaptive)  # in the grid's order
+        }
+        run_dir = {id(r): Path(f"{tmp}/{i}/run") for i, r in enumerate(runs)}
+        gaps = {f: paired_gap(run_dir[id(r)], run_dir[id(best_fixed)]) for f, r in best.items()}
     return {
         "seed": seed,
         "runs": runs,
-        "best_fixed": min(fixed, key=lambda r: r["final_loss"]),
+        "best_fixed": best_fixed,
         "best_adaptive": best,
-        "goals": {f: goals(fixed, r) for f, r in best.items()},
+        "goals": {f: goals(fixed, r, gaps[f]) for f, r in best.items()},
     }
 
 
@@ -221,7 +225,9 @@ def curve(metrics: Path) -> list[tuple[int, int, float]]:
     return points
 
 
-def goals(fixed: list[RunRow], adaptive: RunRow) -> Goals:
+def goals(fixed: list[RunRow], adaptive: RunRow, gap: PairedGap | None = None) -> Goals:
+    """The issue's goals for one adaptive run; `gap`, where measured, puts the loss goal beside
+    how wide a gap the validation set can tell (its paired standard error)."""
     best = min(fixed, key=lambda r: r["final_loss"])
     per_batch = {b: min(r["final_loss"] for r in fixed if r["batch"] == b) for b in BATCHES}
     steps = {b: next(r["steps"] for r in fixed if r["batch"] == b) for b in BATCHES}
@@ -231,6 +237,7 @@ def goals(fixed: list[RunRow], adaptive: RunRow) -> Goals:
             "loss": adaptive["final_loss"],
             "best_fixed": best["final_loss"],
             "met": adaptive["final_loss"] <= best["final_loss"] * (1 + WITHIN),
+            **({} if gap is None else {"paired_stderr": gap.stderr, "paired_samples": gap.samples}),
         },
         "at_least_30pct_fewer_steps_than_the_best_fixed": {
             "steps": adaptive["steps"],
@@ -261,11 +268,27 @@ def batch_schedule_table(report: ScheduleReport) -> str:
             lines.append(_row(s["seed"], f"fixed {b}", r))
         for rule, r in s["best_adaptive"].items():
             lines.append(_row(s["seed"], f"adaptive, {rule}", r))
-    lines += ["", "| seed | rule | goal | met |", "|---:|---|---|---|"]
+    lines += ["", "| seed | rule | goal | met | figures |", "|---:|---|---|---|---|"]
     for s in report["seeds"]:
         for f, by_goal in s["goals"].items():
-            lines += [f"| {s['seed']} | {f} | {g} | {x['met']} |" for g, x in by_goal.items()]
+            lines += [
+                f"| {s['seed']} | {f} | {g} | {x['met']} | {_figures(x)} |"
+                for g, x in by_goal.items()
+            ]
     return "\n".join(lines)
+
+
+def _figures(goal: dict[str, object]) -> str:
+    """The loss goal's gap to the best fixed run, with its paired standard error where
+    measured; the steps goal's saving."""
+    if "best_fixed" in goal:
+        gap = f"{100 * (float(goal['loss']) / float(goal['best_fixed']) - 1):+.2f} %"  # type: ignore[arg-type]
+        if "paired_stderr" in goal:
+            gap += f" (paired s.e. {100 * float(goal['paired_stderr']):.2f} %)"  # type: ignore[arg-type]
+        return gap
+    if "best_fixed_steps" in goal:
+        return f"{100 * (1 - float(goal['steps']) / float(goal['best_fixed_steps'])):.1f} % fewer"  # type: ignore[arg-type]
+    return ""
 
 
 def _row(seed: int, name: str, r: RunRow) -> str:
