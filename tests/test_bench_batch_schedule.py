@@ -79,6 +79,14 @@ def test_the_grid_lr_is_the_rate_at_the_start_batch_whatever_the_scaling(monkeyp
         ["training.lr=0.003", "training.lr_scaling=none"],
         ["training.lr=0.006", "training.lr_scaling=sqrt"],
     ]
+    # The micro-batch is set (the noise scale's small batch: the doublings depend on it), and
+    # an extra override (the GPU step's auto) comes after it and wins
+    assert all("training.micro_batch_size=4" in x for x in seen)
+    batch_schedule._runner(
+        Arm("fixed", 8, 0.003), ["training.micro_batch_size=auto"], 32, str(tmp_path)
+    )(None)
+    micro = [o for o in seen[-1] if o.startswith("training.micro_batch_size")]
+    assert micro[-1] == "training.micro_batch_size=auto"
 
 
 def test_a_curve_is_the_evaluations_of_a_run(tmp_path):

@@ -2,7 +2,7 @@
 
 Per seed, every run trained on the batch-budget bench's data budget and schedule (3,840 samples,
 `+sweeps=batch_size` as one run: a warm-up over 320 samples, an evaluation every 160, the noise
-scale measured):
+scale measured; micro-batch 4, so that runs repeat to the last digit on any machine load):
 
 - fixed: the grid of effective batch {8, 16, 32, 64} x LR {1e-3, 2e-3, 3e-3, 5e-3, 1e-2} (the
   batch-budget bench's, app/bench/studies/batch_budget.py); `training.max_samples=N` as an
@@ -46,7 +46,12 @@ LRS = (0.001, 0.002, 0.003, 0.005, 0.01)
 FRACTIONS = (1.0, 2.0, 0.5)  # the shipped rule's, a more patient one, a readier one
 WITHIN = 0.01  # within 1 % of the best fixed run's loss ...
 FEWER_STEPS = 0.30  # ... with at least 30 % fewer optimizer steps
-SWEEP = ["+sweeps=batch_size"]  # its budget, schedule and noise scale, as single runs
+# The batch-size sweep's budget, schedule and noise scale, as single runs. The micro-batch is
+# set: the noise scale's small batch is the step's first micro-batch, so the adaptive rule's
+# doublings depend on it, and a micro-batch the probe picks by measured throughput would make
+# them depend on the machine's load (an extra override, the GPU step's auto, still wins).
+MICRO_BATCH = 4
+SWEEP = ["+sweeps=batch_size", f"training.micro_batch_size={MICRO_BATCH}"]
 
 
 class RunRow(TypedDict):
