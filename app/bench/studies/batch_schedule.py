@@ -286,13 +286,19 @@ def batch_schedule_table(report: ScheduleReport) -> str:
 def _figures(goal: dict[str, object]) -> str:
     """The loss goal's gap to the best fixed run, with its paired standard error where
     measured; the steps goal's saving."""
+
+    def num(key: str) -> float:
+        value = goal[key]
+        assert isinstance(value, int | float), (key, value)
+        return float(value)
+
     if "best_fixed" in goal:
-        gap = f"{100 * (float(goal['loss']) / float(goal['best_fixed']) - 1):+.2f} %"  # type: ignore[arg-type]
+        gap = f"{100 * (num('loss') / num('best_fixed') - 1):+.2f} %"
         if "paired_stderr" in goal:
-            gap += f" (paired s.e. {100 * float(goal['paired_stderr']):.2f} %)"  # type: ignore[arg-type]
+            gap += f" (paired s.e. {100 * num('paired_stderr'):.2f} %)"
         return gap
     if "best_fixed_steps" in goal:
-        return f"{100 * (1 - float(goal['steps']) / float(goal['best_fixed_steps'])):.1f} % fewer"  # type: ignore[arg-type]
+        return f"{100 * (1 - num('steps') / num('best_fixed_steps')):.1f} % fewer"
     return ""
 
 
