@@ -9,21 +9,21 @@ from pathlib import Path
 
 import pytest
 
+from tests import first_run
 from tests.procs import ROOT as ROOT  # where tests find the checkout (one home: procs)
 from tests.tiers import check_tiers, programs_refused
+
+# Each session is a first run on a new machine (tests/first_run.py): caches of its own, and what
+# a library builds once per home by starting a program built here, before the tiers' rule
+# (tests/tiers.py) is armed for any test.
+first_run.fresh_caches()
+first_run.build_once_per_home()
 
 # One thread per process: tests run several trainer processes at once on small machines, where
 # two OpenMP threads per process fight over the cores and every step slows down several times.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import platform
-
-import torch
-
-# The standard library runs `uname -p` once, for the first platform.processor() (mlflow and wandb
-# ask at import): here, before any test, not pinned on whichever test imports them first, which
-# the tiers' rule (tests/tiers.py) would refuse as a program start outside e2e.
-platform.processor()
+import torch  # noqa: E402 (after the environment it reads)
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

@@ -14,6 +14,14 @@ Starting one goes through `_posixsubprocess.fork_exec` (subprocess keeps its own
 multiprocessing's spawn, torchrun's agent) or `os.posix_spawn`, each refused there with a line
 naming the test, so a process cannot slip into the fast tiers unnoticed. A plain `os.fork` (a
 data loader's workers) is not a program start and stays allowed.
+
+Some programs are started by a library, once per home, the first time it is used: matplotlib's
+font list runs `fc-list`, `platform.processor()` runs `uname -p`. On a machine that ran the suite
+before they are cached and never start, so the rule passed there and failed the first run on a
+new machine. tests/first_run.py gives every session empty caches of its own (each session is a
+first run) and builds those things once, before the rule is armed: a test still may not start
+them, and a library that starts one on first use fails the fast tiers everywhere, not only on a
+new machine.
 """
 
 from __future__ import annotations
