@@ -78,6 +78,13 @@ CASES = [
     ("hpo-without-study", ["hpo.n_trials=5"], "no study to set (hpo is null); add hpo=optuna"),
     ("batch-absurd", ["training.effective_batch_size=1000000000"], "GiB of token ids"),
     ("micro-above", ["training.micro_batch_size=64"], "larger than training.effective_batch"),
+    # a value of the wrong shape: said in the user's terms, with what to write (app/config/shapes.py)
+    ("group-number", ["training=5"], "training=5 is not an option of 'training'; choose one of"),
+    ("group-list", ["model=[1]"], "model=[1] is not an option of 'model'; choose one of"),
+    ("group-two-presets", ["gpu=[cpu,h100]"], "gpu=[cpu,h100] is not an option of 'gpu'"),
+    ("mapping-number", ["training.adaptive_batch=5"], "training.adaptive_batch takes a mapping"),
+    ("list-word", ["data.paths=foo"], "data.paths takes a list, not a string; write data.paths="),
+    ("number-list", ["training.lr=[1]"], "training.lr takes a number, not a list"),
     ("micro-word", ["training.micro_batch_size=big"], "must be auto or a positive integer"),
     ("eval-micro", ["training.eval_micro_batch_size=0"], "training.eval_micro_batch_size=0"),
     ("objective", ["objective=5"], "objective=5 must be a summary.json key or a list of them"),
@@ -343,6 +350,14 @@ SWEEP_CASES = [
     ("share-memory", ["hpo.gpu_memory_gib=-1"], "hpo.gpu_memory_gib=-1.0 is not allowed"),
     ("ranks-memory", ["hpo.gpus_per_trial=2", "hpo.storage=memory"], "needs a study its ranks"),
     ("sweep-cfg", ["--cfg", "job"], "to see a trial's config, run without -m"),
+    (
+        "warm-start-list",
+        ["hpo.warm_start=[{storage: old.journal, study_name: old}]"],
+        "for its list, write hpo.warm_start.studies=[{storage: old.journal, study_name: old}]",
+    ),
+    ("warm-start-word", ["hpo.warm_start=observe"], "hpo.warm_start takes a mapping of studies"),
+    ("enqueue-mapping", ["hpo.enqueue={training.lr: 0.001}"], "hpo.enqueue takes a list"),
+    ("params-list", ["hpo.params=[training.lr]"], "hpo.params takes a mapping"),
 ]
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from app.config.compose import compose, one_line
+from app.config.compose import compose, group_choice_error, one_line
 from app.config.schema import load_config
 from app.core.errors import ConfigError
 
@@ -90,6 +90,8 @@ def preflight(argv: list[str]) -> None:
             "<sweep dir>/<trial number>/.hydra/overrides.yaml): python -m app.train "
             "hpo=optuna <overrides> --cfg job"
         )
+    if line := group_choice_error(inv.overrides, inv.config_name):
+        fail(line)  # before Hydra merges two presets of one group, the last silently winning
     try:
         cfg = compose(inv.config_name, _overrides(inv), return_hydra_config=True)
         if not inv.runs_job and not inv.multirun:
@@ -97,7 +99,7 @@ def preflight(argv: list[str]) -> None:
     except ConfigError as exc:
         fail(str(exc))
     except Exception as exc:  # Hydra/OmegaConf composition errors
-        fail(_without_study(inv) or one_line(exc, inv.config_name))
+        fail(_without_study(inv) or one_line(exc, inv.config_name, _overrides(inv)))
     if inv.runs_job and not inv.multirun and cfg.get("hpo") is not None:
         print(
             "note: a study is configured (hpo) but -m is not given: this is one plain run of "

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from app.config.schema import register_configs
+from app.config.shapes import wrong_shape
 from app.core.errors import first_line
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -25,16 +27,22 @@ def compose(name: str, overrides: list[str], return_hydra_config: bool = False) 
         )
 
 
-def one_line(exc: BaseException, config_name: str = "train") -> str:
-    """A composition error (unknown option, key or type) as one line naming the setting."""
+def one_line(exc: BaseException, config_name: str = "train", overrides: Sequence[str] = ()) -> str:
+    """A composition error (unknown option, key, type or shape) as one line naming the
+    setting; `overrides`: the command line's, to tell which one a value of the wrong shape
+    came from and what the setting takes without it."""
     from hydra.errors import MissingConfigException
 
+    if line := group_choice_error(overrides, config_name):
+        return line
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
         group, _, option = exc.missing_cfg_file.rpartition("/")
-        allowed = ", ".join(sorted(exc.options or [])) or "(none)"
+        allowed = ", ".join(exc.options or group_options(config_name, group)) or "(none)"
         if group:
             return f"{group}={option} is not an option of '{group}'; choose one of: {allowed}"
         return f"config '{option}' not found"
+    if line := _shape_error(exc, config_name, overrides):
+        return line
     cause = exc.__cause__ or exc
     key = getattr(cause, "full_key", None)
     text = first_line(cause)
@@ -66,3 +74,73 @@ def _keys_of(config_name: str, parent: str) -> str:
         return ", ".join(sorted(str(k) for k in node))
     except Exception:
         return "see --cfg job"
+
+
+def group_options(config_name: str, group: str) -> list[str]:
+    """The options of a config group (an empty list for a name that is not a group)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+
+
+def group_choice_error(overrides: Sequence[str], config_name: str = "train") -> str | None:
+    """A group given something other than one option's name: `training=5` (Hydra: "Config
+    group override must be a string"), `model=[1]` (a TypeError of its own), or a list of
+    options for a group that fills one node (`gpu=[cpu,h100]`: Hydra merges both presets and
+    the last silently wins). Overlays such as `+sweeps=...` may be listed."""
+    for text in overrides:
+        parsed = _parsed(text)
+        if parsed is None or parsed.is_sweep_override() or parsed.is_delete():
+            continue
+        group, value = parsed.key_or_group, parsed.value()
+        if isinstance(value, str) or "." in group or "/" in group:
+            continue
+        options = group_options(config_name, group)
+        if not options:
+            continue
+        listed = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        if listed and not _fills_one_node(config_name, group):
+            continue
+        raw = text.split("=", 1)[1]
+        return f"{group}={raw} is not an option of '{group}'; choose one of: {', '.join(options)}"
+    return None
+
+
+def _fills_one_node(config_name: str, group: str) -> bool:
+    """The group's options are presets of one node (gpu, model, ...), not overlays of the
+    whole config (`# @package _global_`, as sweeps/ and experiment/ are)."""
+    try:
+        return group in compose(config_name, [])
+    except Exception:
+        return True
+
+
+def _parsed(text: str):  # -> hydra Override | None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_override(text)
+    except Exception:
+        return None
+
+
+def _shape_error(exc: BaseException, config_name: str, overrides: Sequence[str]) -> str | None:
+    """A value of the wrong shape for its setting (app/config/shapes.py), from the override
+    Hydra names in "Error merging override KEY=VALUE"."""
+    found = re.match(r"Error merging override (.+)", str(exc).strip(), re.S)
+    if found is None:
+        return None
+    text = found.group(1).strip()
+    parsed = _parsed(text)
+    if parsed is None or parsed.is_sweep_override():
+        return None
+    key = parsed.key_or_group
+    others = [o for o in overrides if o != text]
+    try:
+        node = OmegaConf.select(compose(config_name, others), key)
+    except Exception:
+        return None
+    return wrong_shape(key, parsed.value(), text.split("=", 1)[1], node)

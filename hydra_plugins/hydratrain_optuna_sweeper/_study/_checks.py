@@ -47,7 +47,7 @@ def _job_config(
     try:
         cfg = compose(overrides)
     except Exception as e:
-        raise SweepConfigError(f"{where}: {one_line(e, config_name)}") from None
+        raise SweepConfigError(f"{where}: {one_line(e, config_name, overrides)}") from None
     with open_dict(cfg):
         cfg.pop("hydra", None)
     try:
