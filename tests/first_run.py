@@ -52,6 +52,9 @@ def cache_locations(home: Path) -> dict[str, Path]:
         "HF_HOME": home / "huggingface",  # hub, datasets and transformers caches
         "TORCHINDUCTOR_CACHE_DIR": home / "torchinductor",
         "TRITON_CACHE_DIR": home / "triton",
+        # This project's own: token data, trained tokenizers, the micro-batch plans (by default
+        # under the checkout, where an earlier session's plan would answer without a probe).
+        "HYDRATRAIN_CACHE": home / "hydratrain",
     }
 
 

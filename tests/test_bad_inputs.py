@@ -78,7 +78,7 @@ CASES = [
     ("hpo-without-study", ["hpo.n_trials=5"], "no study to set (hpo is null); add hpo=optuna"),
     ("batch-absurd", ["training.effective_batch_size=1000000000"], "GiB of token ids"),
     ("micro-above", ["training.micro_batch_size=64"], "larger than training.effective_batch"),
-    # a value of the wrong shape: said in the user's terms, with what to write (app/config/shapes.py)
+    # a value of the wrong shape, in the user's terms, with what to write (app/config/shapes.py)
     ("group-number", ["training=5"], "training=5 is not an option of 'training'; choose one of"),
     ("group-list", ["model=[1]"], "model=[1] is not an option of 'model'; choose one of"),
     ("group-two-presets", ["gpu=[cpu,h100]"], "gpu=[cpu,h100] is not an option of 'gpu'"),

@@ -21,11 +21,13 @@ def _inside(path: str | Path, root: Path) -> bool:
 
 
 def test_every_library_keeps_its_per_home_cache_in_the_session_s_own_directory():
-    """Not in the user's home, where an earlier run's font list or kernels would hide a first run."""
+    """Not in the user's home, where an earlier run's font list or kernels hide a first run."""
     import datasets.config
     import huggingface_hub.constants
     import matplotlib
     from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from tests.conftest import config
 
     root = _session()
     places = {
@@ -34,6 +36,7 @@ def test_every_library_keeps_its_per_home_cache_in_the_session_s_own_directory()
         "Hugging Face hub": huggingface_hub.constants.HF_HUB_CACHE,
         "datasets": datasets.config.HF_DATASETS_CACHE,
         "inductor": cache_dir(),
+        "token data and micro-batch plans": config(["gpu=cpu"]).data.cache_dir,
     }
     outside = {name: path for name, path in places.items() if not _inside(path, root)}
     assert not outside, f"outside the session's caches {root}: {outside}"
