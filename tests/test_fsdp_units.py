@@ -4,6 +4,7 @@ agreement's verdicts. The runs with 2 ranks are in tests/test_fsdp.py."""
 
 from __future__ import annotations
 
+import enum
 import pickle
 from pathlib import Path
 
@@ -90,6 +91,53 @@ def test_a_sharded_checkpoint_whose_index_holds_code_is_refused_without_running_
     with pytest.raises(ConfigError, match="is unreadable"):
         ckpt.load_checkpoint(step)
     assert not marker.exists()
+
+
+class ByName(pickle.Pickler):
+    """Pickles enum members as the CUDA wheels of torch do: `getattr(EnumClass, "NAME")`."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+def _reindex(step: Path, pickler: type[pickle.Pickler], rewrite=lambda m: m) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = rewrite(FileSystemReader(step).read_metadata())
+    with open(step / ".metadata", "wb") as f:
+        pickler(f).dump(metadata)
+
+
+def test_an_index_with_enum_members_by_name_loads(tmp_path):
+    """A torch build that pickles the index's enum members by name (PyPI's CUDA wheels): its
+    checkpoints resume, on a machine with either build."""
+    import torch.distributed.checkpoint as dcp
+
+    from app.engine.saving import sharded
+
+    step = tmp_path / "step_00000003"
+    dcp.save({"model": {"w": torch.arange(4.0)}}, checkpoint_id=step)
+    _reindex(step, ByName)
+    assert b"getattr" in (step / ".metadata").read_bytes()
+    restored = {"model": {"w": torch.zeros(4)}}
+    dcp.load(restored, storage_reader=sharded.SafeReader(step))
+    torch.testing.assert_close(restored["model"]["w"], torch.arange(4.0))
+
+
+def test_an_index_may_look_up_nothing_but_an_enum_member_by_name(tmp_path):
+    """getattr in an index reaches an enum's member, never another attribute of a class the
+    index may name (here torch.Size's constructor)."""
+    from app.engine.saving import sharded
+
+    class Attribute:
+        def __reduce__(self):
+            return getattr, (torch.Size, "__new__")
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Attribute()))
+    with pytest.raises(pickle.UnpicklingError, match="not part of a checkpoint index"):
+        sharded.SafeReader(tmp_path).read_metadata()
 
 
 def test_a_sharded_checkpoint_holding_anything_but_tensors_is_refused(tmp_path):

@@ -21,6 +21,7 @@ anything but tensors is refused, so nothing is unpickled beyond that.
 
 from __future__ import annotations
 
+import enum
 import os
 import pickle
 import shutil
@@ -68,7 +69,18 @@ class _IndexUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
+        if (module, name) == ("builtins", "getattr"):
+            # Some builds of torch (the CUDA wheels on PyPI) pickle an enum member by name,
+            # `getattr(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS")`: only that, the member of an
+            # enum the index may name, is looked up.
+            return _enum_member
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint index")
+
+
+def _enum_member(owner: object, name: object) -> enum.Enum:
+    if isinstance(owner, type) and issubclass(owner, enum.Enum) and name in owner.__members__:
+        return owner[str(name)]
+    raise pickle.UnpicklingError(f"getattr({owner!r}, {name!r}) is not part of a checkpoint index")
 
 
 class SafeReader(dcp.FileSystemReader):
