@@ -13,7 +13,7 @@ from types import FrameType
 from app.gpu_suite import cli, machine, wheels
 from app.gpu_suite import report as rpt
 from app.gpu_suite.context import Suite
-from app.gpu_suite.steps import STEPS
+from app.gpu_suite.steps import STEPS, parts
 from app.gpu_suite.suite import Interrupted, Step, run_steps, save
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     suite = Suite(REPO, out, env, args.dry_run, int(facts.get("gpus") or 0), facts["device"])
     suite.breaks = args.break_map
     report = rpt.load(out)
+    if args.earlier:
+        report = rpt.merged(rpt.load_file(Path(args.earlier)), report)
     report.header.update(header(facts, deps, args.dry_run, site))
     report.parts.append({"started": rpt.now(), "command": shown(argv), "device": suite.device})
     blocker = cannot_run(facts, args.dry_run)
@@ -115,9 +117,15 @@ def pending(steps: list[Step], report: rpt.Report) -> list[Step]:
 
 
 def step_table(steps: list[Step]) -> str:
-    rows = [f"{s.number:>2}  {s.name:<12} {s.limit_s / 60:5.1f} min  {s.title}" for s in steps]
+    rows = []
+    for n, part in enumerate(parts(steps), 1):
+        minutes = sum(s.limit_s for s in part) / 60
+        rows.append(f"part {n} ({minutes:.1f} min, one call: --part {n})")
+        rows += [
+            f"  {s.number:>2}  {s.name:<12} {s.limit_s / 60:5.1f} min  {s.title}" for s in part
+        ]
     total = sum(s.limit_s for s in steps) / 60
-    return "\n".join([*rows, f"    {'total':<12} {total:5.1f} min"])
+    return "\n".join([*rows, f"      {'total':<12} {total:5.1f} min"])
 
 
 def shown(argv: list[str] | None) -> str:

@@ -29,6 +29,14 @@ def parse(argv: list[str] | None, steps: list[Step]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (CI)")
     p.add_argument("--steps", help="numbers and ranges, e.g. 1-4 or 1,3,5-9")
     p.add_argument("--only", help="step names, comma-separated (see --list)")
+    p.add_argument("--part", type=int, help="the steps of part N (see --list), one device call")
+    p.add_argument(
+        "--from",
+        dest="earlier",
+        metavar="REPORT_JSON",
+        help="an earlier loan's report.json (e.g. docs/gpu-suite/h100.json): its steps are kept "
+        "in DIR's report, and --pending leaves them out",
+    )
     p.add_argument("--pending", action="store_true", help="skip steps DIR's report has done")
     p.add_argument("--budget-min", type=float, default=35.0, help="start no step past this")
     p.add_argument("--limit", action="append", default=[], metavar="STEP=SECONDS")
@@ -40,6 +48,8 @@ def parse(argv: list[str] | None, steps: list[Step]) -> argparse.Namespace:
         fail("--out DIR is required (where report.md and report.json go)")
     if args.budget_min <= 0:
         fail(f"--budget-min={args.budget_min:g} must be a positive number of minutes")
+    if args.earlier is not None:
+        earlier(args.earlier)
     args.jobs = jobs(args)
     args.selected = select(args, steps)
     args.limits = limits(args.limit, steps)
@@ -58,8 +68,17 @@ def jobs(args: argparse.Namespace) -> int:
 
 
 def select(args: argparse.Namespace, steps: list[Step]) -> list[Step]:
-    if args.steps and args.only:
-        fail("--steps and --only are alternatives: give one")
+    from app.gpu_suite.steps import parts
+
+    chosen = [o for o, v in (("--steps", args.steps), ("--only", args.only), ("--part", args.part))
+              if v is not None]  # fmt: skip
+    if len(chosen) > 1:
+        fail(f"{' and '.join(chosen)} are alternatives: give one")
+    if args.part is not None:
+        planned = parts(steps)
+        if not 1 <= args.part <= len(planned):
+            fail(f"--part={args.part} is not a part; the parts are 1-{len(planned)} (see --list)")
+        return planned[args.part - 1]
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         _known(names, steps, "--only")
@@ -115,3 +134,12 @@ def _known(names: list[str], steps: list[Step], option: str) -> None:
     for name in names:
         if name not in known:
             fail(f"{option}: no step named '{name}'; the steps are: {', '.join(known)}")
+
+
+def earlier(path: str) -> None:
+    from pathlib import Path
+
+    from app.gpu_suite import report
+
+    if not report.load_file(Path(path)).steps:
+        fail(f"--from {path}: not a report of the suite (a report.json an earlier part wrote)")

@@ -88,8 +88,12 @@ class Report:
 
 def load(out: Path) -> Report:
     """The report a previous part left in DIR, or a new one (an unreadable file is not merged)."""
+    return load_file(out / "report.json")
+
+
+def load_file(path: Path) -> Report:
     try:
-        data = json.loads((out / "report.json").read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return Report()
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
@@ -109,3 +113,13 @@ def write(out: Path, report: Report, markdown: str) -> None:
 
 def now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def merged(earlier: Report, current: Report) -> Report:
+    """An earlier loan's report with this DIR's on top: a step DIR has replaces the earlier
+    record of it; the parts of both are listed; the header is this machine's."""
+    out = Report({**earlier.header, **current.header}, list(earlier.steps), [*earlier.parts])
+    for rec in current.steps:
+        out.put(rec)
+    out.parts += [p for p in current.parts if p not in out.parts]
+    return out

@@ -42,7 +42,7 @@ def gpu_tests(ctx: StepContext) -> None:
 
 def default_run(ctx: StepContext) -> None:
     gpu, dry = train(ctx, "run", {"gpu": "auto", "precision": "auto"}, TINY)
-    rec = ctx.sh("train", gpu, dry=dry, limit_s=175)
+    rec = ctx.sh("train", gpu, dry=dry, limit_s=115)
     if rec.status != "ok":
         return
     with ctx.reading("the run"):

@@ -8,9 +8,9 @@ from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
 from app.gpu_suite.steps.common import LEAN, Overrides, completed, run_figures, train
 
-MFU_GOAL = 0.40  # compiled GPT-2 small on an H100 (issue 22)
+MFU_GOAL = 0.40  # compiled GPT-2 small on an H100 or H200: llm.c's, nanoGPT's and torchtitan's
 # Compiling each contender takes about a minute on the card; eager runs take seconds.
-BENCH_LIMITS = {"eager": 120.0, "compile": 330.0}
+BENCH_LIMITS = {"eager": 100.0, "compile": 315.0}
 
 
 def bench(ctx: StepContext) -> None:
@@ -46,23 +46,20 @@ def bench_figures(ctx: StepContext, rows: list[Row]) -> None:
 
 
 def bench_goals(ctx: StepContext, rows: list[Row]) -> None:
+    """The compiled trainer against its goals: MFU on a Hopper card (H100, H200), and at least
+    the tokens/s of the bare loop and of the transformers Trainer, compiled alike."""
     none: Row = {}
     compiled = {r["contender"]: r for r in rows if r["variant"] == "compile"}
-    trainer, hf_trainer = compiled.get("trainer", none), compiled.get("hf", none)
+    trainer = compiled.get("trainer", none)
     mfu, ours = trainer.get("mfu"), trainer.get("tokens_per_sec")
-    hf = hf_trainer.get("tokens_per_sec")
-    on_h100 = "H100" in ctx.suite.device
-    if on_h100:
-        ctx.check(
-            f"compiled trainer MFU >= {MFU_GOAL:.0%} (H100)",
-            (mfu or 0) >= MFU_GOAL,
-            f"{mfu}",
-            goal=True,
-        )
-    ahead = ours is not None and hf is not None and ours >= hf
-    ctx.check(
-        "compiled trainer ahead of the transformers Trainer", ahead, f"{ours} vs {hf}", goal=True
-    )
+    if any(card in ctx.suite.device for card in ("H100", "H200")):
+        ctx.check(f"compiled trainer MFU >= {MFU_GOAL:.0%} (H100/H200)", (mfu or 0) >= MFU_GOAL,
+                  f"{mfu}", goal=True)  # fmt: skip
+    for contender, name in (("bare", "the bare loop"), ("hf", "the transformers Trainer")):
+        theirs = compiled.get(contender, none).get("tokens_per_sec")
+        ahead = ours is not None and theirs is not None and ours >= theirs
+        ctx.check(f"compiled trainer at least {name}'s tokens/s", ahead, f"{ours} vs {theirs}",
+                  goal=True)  # fmt: skip
 
 
 # DeBERTa-v3-base's shape without its weights (none on a machine without a network): 12
