@@ -298,11 +298,11 @@ def test_commands_needing_more_gpus_are_skipped_with_the_reason(tmp_path):
 
 @pytest.mark.slow
 def test_break_option_fails_a_step_and_the_next_one_still_runs(tmp_path):
-    proc = suite_cli("--dry-run", "--out", str(tmp_path), "--only", "gpu_tests,default_run",
-                     "--break", "gpu_tests:fail")  # fmt: skip
+    proc = suite_cli("--dry-run", "--out", str(tmp_path), "--only", "default_run,gpu_tests",
+                     "--break", "default_run:fail")  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-2000:]
     first, second = load(tmp_path)["steps"]
-    assert first["status"] == "failed" and first["reason"] == "pytest -m gpu: exit status 3"
+    assert first["status"] == "failed" and first["reason"] == "train: exit status 3"
     assert first["tail"][-1] == "last line before the failure"
     assert second["status"] == "passed"
     assert "last line before the failure" in (tmp_path / "report.md").read_text()
@@ -311,9 +311,9 @@ def test_break_option_fails_a_step_and_the_next_one_still_runs(tmp_path):
 @pytest.mark.slow
 def test_sigterm_records_the_step_in_progress_kills_its_tree_and_keeps_the_report(tmp_path):
     cmd = [PY, "-m", "app.gpu_suite", "--dry-run", "--jobs", "1", "--out", str(tmp_path)]
-    cmd += ["--only", "gpu_tests,default_run", "--break", "default_run:hang"]
+    cmd += ["--only", "default_run,gpu_tests", "--break", "gpu_tests:hang"]
     suite = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    pids = tmp_path / "02-default_run" / "break-pids.txt"
+    pids = tmp_path / "06-gpu_tests" / "break-pids.txt"
     try:
         deadline = time.monotonic() + 120
         while not pids.is_file() and time.monotonic() < deadline:

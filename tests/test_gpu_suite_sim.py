@@ -198,8 +198,9 @@ def test_every_step_reads_what_a_run_on_a_card_writes(tmp_path, on_a_card, gpus)
     assert ddp["status"] == ("ok" if gpus == 2 else "skipped")
     goals = {c["name"]: c["ok"] for s in steps.values() for c in s["checks"] if c["goal"]}
     assert goals == {
-        "compiled trainer MFU >= 40% (H100)": True,
-        "compiled trainer ahead of the transformers Trainer": True,
+        "compiled trainer MFU >= 40% (H100/H200)": True,
+        "compiled trainer at least the transformers Trainer's tokens/s": True,
+        "compiled trainer at least the bare loop's tokens/s": False,  # 420k against 500k here
         "logging every step costs under 1%": True,
         "adaptive batch: within_1pct_of_the_best_fixed_loss": True,
     }

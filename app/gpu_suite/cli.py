@@ -34,7 +34,7 @@ def parse(argv: list[str] | None, steps: list[Step]) -> argparse.Namespace:
         "--from",
         dest="earlier",
         metavar="REPORT_JSON",
-        help="an earlier loan's report.json (e.g. docs/gpu-suite/h100.json): its steps are kept "
+        help="an earlier loan's report.json (e.g. docs/gpu-suite/<card>.json): its steps are kept "
         "in DIR's report, and --pending leaves them out",
     )
     p.add_argument("--pending", action="store_true", help="skip steps DIR's report has done")
