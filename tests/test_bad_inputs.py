@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY, invoke_here, save_tiny_gpt2, train_here
+from tests.kinds import fill
 
 pytestmark = pytest.mark.integration
 
@@ -445,12 +446,13 @@ DOCS_ROW = re.compile(r"^\| `([^`]+)` \| \d+ \| `([^`]+)`[^`|]*\|$", re.M)
 
 
 def _documented() -> dict[str, str]:
-    return {m.group(1): m.group(2) for m in DOCS_ROW.finditer(DOCS_TABLE.read_text())}
+    return {m.group(1): fill(m.group(2)) for m in DOCS_ROW.finditer(DOCS_TABLE.read_text())}
 
 
 def _assert_documented(overrides: list[str], err: str, tmp: Path) -> None:
     """The table shows the line a user gets, as it is: `<dir>` for the scratch directory,
-    `...` for what depends on the machine (its memory)."""
+    `...` for what depends on the machine (its memory), `<pruners>` for the names of a kind
+    (tests/kinds.py) as the project has them now."""
     shown = " ".join(o.replace("{tmp}", "<dir>") for o in overrides)
     rows = _documented()
     documented = rows.get(shown) or rows.get(f"-m hpo=optuna {shown}")

@@ -16,7 +16,9 @@ from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import (
     PRUNERS,
     PrunerKind,
     ReportAxis,
+    build_pruner,
     pruner_kind,
+    study_pruner_args,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests.own_sweep import sweep_own_app
@@ -117,10 +119,11 @@ def test_an_unregistered_pruner_is_one_line_naming_the_registered_ones(
     with pytest.raises(SystemExit) as e:
         _sweep(hydra_sweep_runner, tmp_path, "odd_trials")
     assert e.value.code == 2
+    allowed = ", ".join(PRUNERS.names())
     assert capsys.readouterr().err == (
-        "error: hpo.pruner='odd_trials' is not allowed; choose one of: "
-        "asha, hyperband, median, none, successive_halving\n"
+        f"error: hpo.pruner='odd_trials' is not allowed; choose one of: {allowed}\n"
     )
+    assert {"asha", "median", "successive_halving"} <= set(PRUNERS.names())  # modules found
 
 
 def test_each_pruner_is_its_own_module_and_says_how_the_sweep_treats_it():
@@ -133,6 +136,16 @@ def test_each_pruner_is_its_own_module_and_says_how_the_sweep_treats_it():
     assert all(
         (pruner_kind(n).promoter is not None) == pruner_kind(n).pauses for n in PRUNERS.names()
     )
+
+
+@pytest.mark.parametrize("name", PRUNERS.names())
+@pytest.mark.parametrize("schedule", [ReportAxis(10, 100), None], ids=["schedule", "none"])
+def test_every_pruner_builds_from_its_defaults_under_either_budget(name, schedule):
+    """What a pruner takes from the study (its defaults, its budget's) builds it, for each one
+    registered (a new one too), with an evaluation schedule or without one."""
+    for worth in (20.0, None):
+        args = study_pruner_args(name, {}, worth, schedule)
+        assert isinstance(build_pruner(name, args, 1, schedule), optuna.pruners.BasePruner)
 
 
 def _comparisons_of_pruner_names() -> list[str]:

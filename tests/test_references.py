@@ -32,7 +32,7 @@ def _sources() -> list[Path]:
 def references(text: str) -> set[str]:
     out = set()
     for match in PATH.finditer(text):
-        ref = match.group(1).rstrip(".,:;)`'\"")
+        ref = match.group(1).rstrip(".,:;)`'\">")  # `>`: a kind, `<conf/model>` (tests/kinds.py)
         if "<" in ref:  # a template the reader fills in
             continue
         if ref.rstrip("/") not in TOP:

@@ -24,7 +24,11 @@ from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import (
     study_pruner_args,
 )
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._lineage import UNCOUNTED
-from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import build_sampler
+from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import (
+    ALIASES,
+    build_sampler,
+    sampler_names,
+)
 from hydra_plugins.hydratrain_optuna_sweeper._study._settings import (
     Liveness,
     read_hpo,
@@ -340,7 +344,7 @@ def _build(name: str, **over):
     return build_sampler(node, "hpo.sampler", lambda: grid, 1, oom=True)
 
 
-@pytest.mark.parametrize("name", ["tpe", "random", "cmaes", "nsgaii", "nsga2", "qmc", "gp", "grid"])
+@pytest.mark.parametrize("name", [*sampler_names(), *ALIASES])
 def test_every_sampler_builds(name):
     if name == "gp" and importlib.util.find_spec("torch") is None:
         pytest.skip("GPSampler needs torch before Optuna 5 (CI's Optuna 4 check has none)")

@@ -17,6 +17,7 @@ import pytest
 from hydra.test_utils.test_utils import run_process
 from omegaconf import OmegaConf
 
+from hydra_plugins.hydratrain_optuna_sweeper._study._samplers import sampler_names
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
 from tests import procs
 
@@ -164,7 +165,7 @@ def test_choice_of_lists_and_fixed_values_as_stock(tmp_path):
 GRID = ["--config-dir=tests/conf", "--config-name=test_grid"]
 
 
-@pytest.mark.parametrize("name", ["tpe", "random", "cmaes", "nsgaii", "qmc", "gp", "grid"])
+@pytest.mark.parametrize("name", sampler_names())
 def test_every_stock_sampler_option_runs(name, tmp_path):
     grid = GRID if name == "grid" else []
     _, err = sphere(tmp_path, *grid, f"hydra/sweeper/sampler={name}", "hydra.sweeper.n_trials=3")

@@ -2,7 +2,9 @@
 bare loop samples and splits a step, and how a transformers Trainer user feeds the same data.
 
 `bench_task(cfg)` looks the strategy up once by the task: each strategy names the task class it
-measures and registers itself (`@benchmarks`), so a new task's strategy is one more class. The
+measures and registers itself (`@benchmarks`), and a task that extends another (a CausalLM
+with its own head) is measured by the strategy of the nearest one it extends that has one, so
+a new task is benchmarked with no strategy of its own unless its samples or steps differ. The
 workers call its methods and never branch on the task. Data and model come from the project's
 own Task (`task.load_data`, `task.build_model`), so the three contenders train the same model
 on the same samples.
@@ -65,13 +67,23 @@ def benchmarks(cls: B) -> B:
     return cls
 
 
+def strategy_of(task: type[Task]) -> type[TaskBench] | None:
+    """The strategy registered for `task`, or for the nearest task class it extends."""
+    for cls in task.__mro__:
+        name = cls.__dict__.get("name")
+        if isinstance(name, str) and name in BENCH_TASKS:
+            return BENCH_TASKS[name]
+    return None
+
+
 def bench_task(cfg: TrainConfig) -> TaskBench:
     task = build_task(cfg.task)
-    if task.name not in BENCH_TASKS:
+    strategy = strategy_of(type(task))
+    if strategy is None:
         raise ConfigError(
             f"task={task.name} has no benchmark strategy; benchmarked: {', '.join(BENCH_TASKS)}"
         )
-    return BENCH_TASKS[task.name](task, cfg)
+    return strategy(task, cfg)
 
 
 @benchmarks
