@@ -67,8 +67,8 @@ class HpoConfig:
     # command line then sets keys that are not there yet (Hydra refuses new keys in a dict).
     sampler_args: Any = None  # fields of that sampler config
     seed: int | None = 0  # the sampler's seed unless sampler_args sets one
-    # a module of hydra_plugins/.../_pruners/ (successive_halving, asha, median, hyperband,
-    # none); the defaults follow the study's evaluations (_kind.py); measured: docs/benchmarks.md
+    # a module of hydra_plugins/.../_pruners/ (successive_halving, asha, ...); the defaults
+    # follow the study's evaluations (_kind.py); measured: docs/benchmarks.md
     pruner: str = "successive_halving"
     pruner_args: Any = None  # arguments of the Optuna pruner (asha: reduction_factor, min_resource)
     # Device-seconds (train + eval time x devices) the whole study may spend; null: no cap

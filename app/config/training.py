@@ -145,7 +145,7 @@ class TrainingConfig:
     batch_schedule: str = one_of("fixed", BATCH_SCHEDULES)
     max_effective_batch: int | None = positive_int(None, nullable=True)  # null: 8 x the start
     adaptive_batch: AdaptiveBatchConfig = field(default_factory=AdaptiveBatchConfig)
-    # An optimizer of app/components/optim/ (adamw, lion, adafactor) and its own settings, a
+    # An optimizer of app/components/optim/ (adamw, lion, ...) and its own settings, a
     # mapping of the fields of that optimizer's Args (e.g. {beta2_decay: -0.8} for adafactor):
     # untyped here, since only the optimizer knows its fields; it parses them into its Args.
     optimizer: str = one_of("adamw", _optimizers)

@@ -9,8 +9,8 @@ maps onto (docs/hpo.md: how its stock meaning differs). Both sweeper nodes are m
 - `hydra/sweeper=hydratrain_optuna`: what `hpo=optuna` selects. The same keys, unset (null):
   an unset key leaves the matching `hpo.*` setting in charge; a key that is set means what it
   means to the stock sweeper.
-- `hydra/sweeper/sampler=NAME`: the stock sampler configs (tpe, random, cmaes, nsgaii, motpe,
-  grid, gp, qmc) with their fields; a field left null takes Optuna's own default.
+- `hydra/sweeper/sampler=NAME`: the stock sampler configs (`SAMPLERS` below: tpe, random,
+  cmaes, ...) with their fields; a field left null takes Optuna's own default.
 
 The sampler configs are copied from hydra-optuna-sweeper (Copyright (c) Facebook, Inc. and its
 affiliates, MIT license): plugins/hydra_optuna_sweeper/hydra_plugins/hydra_optuna_sweeper/config.py.

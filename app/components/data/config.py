@@ -13,8 +13,8 @@ from app.core.fields import auto_count, auto_or_count, bounded, count, positive_
 @dataclass
 class DataConfig:
     name: str = MISSING
-    # builtin (the task's generated corpus) | text_files | synthetic (causal LM) | datasets
-    # (files or a dataset through the `datasets` library): app/components/data/sources/
+    # a module of app/components/data/sources/: builtin (the task's generated corpus),
+    # text_files, datasets (files or a dataset through the `datasets` library), ...
     source: str = "builtin"
     paths: list[str] = field(default_factory=list)  # files or globs (text_files, datasets)
     # byte | train | <local path or hub name>. The data groups default to the model's own

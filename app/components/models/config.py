@@ -21,9 +21,10 @@ class ModelConfig:
     vocab_size: int | None = positive_int(None, nullable=True)  # null: the tokenizer's
     n_layer: int = positive_int(2)
     n_head: int = positive_int(4)
-    n_kv_head: int | None = positive_int(None, nullable=True)  # llama only; null = n_head
+    # key/value heads of grouped-query attention, for a family whose shape has it; null = n_head
+    n_kv_head: int | None = positive_int(None, nullable=True)
     n_embd: int = positive_int(128)
-    # null: 4 x n_embd (gpt2, classifiers) or the llama default
+    # null: the family's own default (4 x n_embd for GPT-2 and the classifiers)
     intermediate_size: int | None = positive_int(None, nullable=True)
     max_position_embeddings: int = positive_int(256)
     dropout: float = fraction(0.0, high_open=True)

@@ -1,5 +1,5 @@
-"""Where samples come from (`data.source`), one module each: the built-in corpus, text files,
-synthetic tokens, rows through `datasets`.
+"""Where samples come from (`data.source`), one module each (the built-in corpus, text files,
+rows through `datasets`, ...).
 
 A source says what samples it gives (app/components/data/kinds.py: a task that reads those is
 served), what its settings must hold (checked with the config) and what its files must hold

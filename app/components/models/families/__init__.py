@@ -1,11 +1,13 @@
-"""Model families (`model.arch`), one module each: GPT-2 and Llama causal LMs, DeBERTa-v2,
-BERT and RoBERTa classifiers built from `model.*` sizes, and `pretrained` checkpoints.
+"""Model families (`model.arch`), one module each: causal LMs and classifiers built from
+`model.*` sizes (such as gpt2), and checkpoints loaded with the task's head (`pretrained`).
 
-A family says what it provides: the heads it builds (app/components/models/heads.py), or that it
-loads a checkpoint with whatever head the task asks for; which `model.*` settings shape it (its
-`shape`, a dataclass of ModelConfig fields: a checkpoint resumes only into the same); how many
-parameters a config of it has (for the memory preflight, before anything is built) and how to
-build it. Building imports transformers, so it waits until a run needs the model.
+A family registers a `ModelFamily` saying what it provides: the heads it builds
+(app/components/models/heads.py), or that it loads a checkpoint with whatever head the task
+asks for; which `model.*` settings shape it (its `shape`, a dataclass of ModelConfig fields: a
+checkpoint resumes only into the same); how many parameters a config of it has (for the memory
+preflight, before anything is built) and how to build it. Building imports transformers, so it
+waits until a run needs the model. A sized family comes with a `conf/model/<name>.yaml` to
+choose it by.
 """
 
 from __future__ import annotations
