@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from app.config.budget import ReportAxis
 from app.config.hpo import WarmStartConfig
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import PRUNERS, PrunerKind
 from hydra_plugins.hydratrain_optuna_sweeper._study._cost import trials_worth
 from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
     BUDGET,
@@ -196,11 +197,24 @@ def test_a_borrowed_configuration_keeps_its_mark_when_it_is_queued_again(tmp_pat
     assert copy.user_attrs == {FROM: "old#2", "resume_from": "run"}
 
 
-def test_rungs_only_for_a_pruner_that_compares_reports(tmp_path):
+def test_rungs_only_for_a_pruner_that_compares_reports(tmp_path, monkeypatch):
+    """The line names the pruners that do, as their kinds say: one registered here is named."""
+    PRUNERS.names()  # the project's own first
+    monkeypatch.setitem(PRUNERS._items, "peers", PrunerKind("peers", build=_no_pruner))
+    monkeypatch.setitem(
+        PRUNERS._items, "rivals", PrunerKind("rivals", build=_no_pruner, compares_reports=True)
+    )
     cfg = _warm(_source(tmp_path), take="observe", rungs=True)
     aim = Target(dict(SPACE), ["minimize"], ReportAxis(10, 100, "samples"))
-    with pytest.raises(SweepConfigError, match="does not compare reports at a step"):
+    with pytest.raises(SweepConfigError, match="does not compare reports at a step") as err:
         plan_warm_start(cfg, aim, MASK)
+    comparing = [n for n in PRUNERS.names() if PRUNERS.get(n).compares_reports]
+    assert "rivals" in comparing and "peers" not in comparing and "median" in comparing
+    assert f"({' or '.join(f'hpo.pruner={n}' for n in comparing)} does," in str(err.value)
+
+
+def _no_pruner(args: dict[str, object], schedule: ReportAxis | None) -> optuna.pruners.BasePruner:
+    return optuna.pruners.NopPruner()
 
 
 def test_a_value_a_rounding_away_from_this_space_is_taken_where_optuna_takes_it(tmp_path):

@@ -73,20 +73,34 @@ class Promotes(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class PrunerKind:
-    """One `hpo.pruner`. `build` takes the pruner's arguments (hpo.pruner_args over `defaults`)
-    and the schedule; `judges`: False where nothing judges the reports (no pruning companion
-    for several objectives); `pauses`: a trial it stops is paused, resumed later from its run
-    dir (the job must take training.resume), and the sampler sees one observation per line;
-    `compares_reports`: it judges a trial by other trials' reports at the same step (Optuna's
-    successive halving and hyperband read their own rung records instead);
-    `promoter` (study, the study that holds the reports) queues paused trials that qualify."""
+    """One `hpo.pruner`: what a pruner module registers. Each field is a question a new pruner
+    answers; the default is the answer of a plain Optuna pruner that stops trials for good.
+
+    - `name`: what hpo.pruner calls it (the module is `_<name>.py`).
+    - `build(args, schedule)`: the Optuna pruner, from hpo.pruner_args over `defaults` and the
+      study's evaluation schedule (None where the job's config has none).
+    - `defaults(schedule, args)` [none]: the arguments it takes from the schedule where
+      hpo.pruner_args does not set them (a first rung at an evaluation step, warm-up steps).
+    - `budget_defaults(worth, schedule)` [none]: the arguments it takes from the study's budget:
+      `worth` is hpo.budget_trials (None under a count, hpo.n_trials); hpo.pruner_args wins.
+    - `judges` [True]: False for one that never stops a trial (several objectives then get no
+      pruning companion).
+    - `pauses` [False]: a trial it stops is paused and resumed later from its run dir (the job
+      must take training.resume); it then needs a `promoter`.
+    - `compares_reports` [False]: True where it judges a trial by other trials' reports at the
+      same step (median, percentile, a test against the best trial's reports): a warm start
+      can then bring an earlier study's reports (hpo.warm_start.rungs); False where it reads
+      only its own records (successive halving's rungs) or none.
+    - `promoter(study, reports)` [None]: for one that pauses, what queues the paused trials
+      that qualify now (asha's `Promoter`).
+    """
 
     name: str
     build: Callable[[dict[str, object], ReportAxis | None], optuna.pruners.BasePruner]
     defaults: Defaults = no_defaults
     judges: bool = True
     pauses: bool = False
-    compares_reports: bool = False  # reads other trials' reports at a step (a warm start's rungs)
+    compares_reports: bool = False
     promoter: Callable[[optuna.Study, optuna.Study], Promotes] | None = None
     budget_defaults: BudgetDefaults = lambda worth, schedule: {}
 
@@ -100,6 +114,13 @@ def pruner_kind(name: str) -> PrunerKind:
         return PRUNERS.get(name)
     except ConfigError as e:
         raise SweepConfigError(str(e)) from None
+
+
+def pruners_comparing_reports() -> str:
+    """The pruners a warm start's rungs serve, as a line names them (hpo.pruner=median or ...)."""
+    return " or ".join(
+        f"hpo.pruner={n}" for n in PRUNERS.names() if PRUNERS.get(n).compares_reports
+    )
 
 
 def pruner_defaults(

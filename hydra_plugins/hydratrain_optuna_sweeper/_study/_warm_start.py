@@ -20,8 +20,8 @@ there first (a fleet's workers share what was borrowed; a rerun borrows nothing 
   values only through their order, and measured with the new values shifted either way (a
   wider model, more data: docs/benchmarks.md) as-is met the warm start's goals on both. The
   sources must optimize the same directions, and their values compare only on the same task.
-  `rungs` brings their reports too, for a pruner that compares reports (median) at equal data:
-  only where their report axis and budget are this study's.
+  `rungs` brings their reports too, for a pruner that compares reports (such as median) at
+  equal data: only where their report axis and budget are this study's.
 
 A trial a source borrowed itself is not borrowed again. The claim that makes it once per study
 is a study of its own, `<study>:hpo:warm_start`, which only one worker can create (under the
@@ -51,7 +51,7 @@ from app.config.hpo import WarmStartConfig
 
 from .._errors import SweepConfigError
 from .._private import contains, sampler_constraints, storage_of
-from .._pruners._kind import pruner_kind
+from .._pruners._kind import pruner_kind, pruners_comparing_reports
 from .._pruners._lineage import BORROWED_FROM, UNCOUNTED
 from ._best import own_front
 from ._cost import BORROWED
@@ -247,7 +247,7 @@ def _check_settings(cfg: WarmStartConfig, objectives: int, compares_reports: boo
     if not compares_reports or objectives != 1:
         raise SweepConfigError(
             f"{KEY}.rungs=true: this study's pruner does not compare reports at a step "
-            "(hpo.pruner=median does, for one objective); set rungs=false"
+            f"({pruners_comparing_reports()} does, for one objective); set rungs=false"
         )
 
 

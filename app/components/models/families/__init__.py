@@ -65,16 +65,32 @@ def _no_files(m: ModelConfig, data: DataConfig, task: Task) -> None:
 
 @dataclass(frozen=True)
 class ModelFamily:
-    name: str  # model.arch=NAME
-    build: Build  # (its config, the task's data, the task) -> the model, untrained or loaded
-    shape: type[DataclassInstance]  # its fields: the model.* settings that shape it
-    heads: tuple[Head, ...] = ()  # the heads it builds from model.* sizes
-    # A checkpoint (model.path) with whatever head the task asks for (Task.load_pretrained),
-    # rather than a model sized by model.*
+    """One `model.arch`: what a family module registers. Each field is a question a new family
+    answers (the default in brackets):
+
+    - `name`: what model.arch calls it (the module is `<name>.py`).
+    - `build(model, data, task)`: the model, untrained or loaded; transformers imported here.
+    - `shape`: a dataclass whose fields are the ModelConfig fields that shape it (`Sizes` for
+      a plain transformer, with `n_kv_head` for grouped-query attention): a checkpoint resumes
+      only into a run with the same values, and a name that is no ModelConfig field fails.
+    - `heads` [none]: the heads it builds from model.* sizes; a task whose head is not among
+      them is refused in one line naming the families that have it.
+    - `loads_checkpoint` [False]: it loads model.path with whatever head the task asks for
+      (Task.load_pretrained) rather than building from sizes.
+    - `parameters(model, vocab)` [unknown]: the parameters a config of it has, tied embeddings
+      counted once, as the built model has them (the memory preflight refuses a model that
+      cannot fit before anything is built; tests/test_registration.py compares it with the
+      built model for every family with a conf/model file); None: known only once loaded.
+    - `check_files(model, data, task)` [nothing]: what its files must hold, checked before any
+      work (a checkpoint's positions, its vocabulary).
+    """
+
+    name: str
+    build: Build
+    shape: type[DataclassInstance]
+    heads: tuple[Head, ...] = ()
     loads_checkpoint: bool = False
-    # Parameters of a config of it, tied embeddings once (None: known only once loaded)
     parameters: Callable[[ModelConfig, int], int | None] = _unknown
-    # What its files must hold, checked before any work (a checkpoint's positions, vocabulary)
     check_files: Callable[[ModelConfig, DataConfig, Task], None] = _no_files
 
     def __post_init__(self) -> None:
