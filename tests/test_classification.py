@@ -13,6 +13,7 @@ from app.components.data.labelled.padded import PaddedRows, padded_length
 from app.components.data.loader import StepDataset, step_sample_indices
 from app.components.hardware.precision import PrecisionPlan
 from app.components.models.families import MODELS
+from app.components.models.heads import SEQUENCE_CLASSIFIER
 from app.components.schedule import build_scheduler
 from app.components.tasks.base import TaskData
 from app.components.tasks.classification import SequenceClassification
@@ -105,7 +106,11 @@ def _step(
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("arch", ["bert", "deberta_v2"])
+# Every family built from sizes with a classifier head (a new one too)
+CLASSIFIERS = [f.name for f in MODELS.all() if SEQUENCE_CLASSIFIER in f.heads]
+
+
+@pytest.mark.parametrize("arch", CLASSIFIERS)
 def test_one_step_on_padded_pairs_is_the_same_for_any_split(arch):
     whole = _step(32, arch)
     for micro in (8, 5):  # 8 x 4 and the uneven 5,5,5,5,4,4,4

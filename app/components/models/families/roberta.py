@@ -24,8 +24,10 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> torch.nn.Module:
     # classification data always has a padding id (app/components/data/labelled/texts.py)
     pad = data.pad_id or 0
     sizes["max_position_embeddings"] = m.max_position_embeddings + pad + 1
+    # Two token types, as BERT's: text pairs come with the second segment's ids set to 1 (the
+    # released checkpoints have one type, and their tokenizer sets none: model=pretrained).
     return build_classifier(
-        "RobertaForSequenceClassification", RobertaConfig(type_vocab_size=1, **sizes), m
+        "RobertaForSequenceClassification", RobertaConfig(type_vocab_size=2, **sizes), m
     )
 
 
