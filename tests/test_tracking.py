@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.components.tracking import tracked_config
+from app.components.tracking import TRACKERS, tracked_config
 from app.components.tracking.base import Sink
 from app.core.outcomes import TrainingOOM
 from app.engine.records.telemetry import RunLogger
@@ -117,20 +117,21 @@ def test_each_run_is_its_own_wandb_run_and_a_failed_one_is_finished(tracked):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
+@pytest.mark.parametrize("tracker", TRACKERS.all(), ids=lambda t: t.name)
 def test_a_tracker_whose_library_is_missing_is_one_line_before_work(tmp_path, tracker):
     run_dir = tmp_path / "run"
-    args = [*TINY, f"tracking.{tracker}.enabled=true", f"hydra.run.dir={run_dir}"]
+    key, module = tracker.name, tracker.module
+    args = [*TINY, f"tracking.{key}.enabled=true", f"hydra.run.dir={run_dir}"]
     code = (
-        f"import runpy, sys; sys.modules[{tracker!r}] = None; sys.argv = ['app.train', *{args!r}]; "
+        f"import runpy, sys; sys.modules[{module!r}] = None; sys.argv = ['app.train', *{args!r}]; "
         "runpy.run_module('app.train', run_name='__main__', alter_sys=True)"
     )
     proc = procs.run([procs.PY, "-c", code])
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith(f"error: tracking.{tracker}.enabled=true needs the {tracker}")
-    assert f'pip install -e ".[{tracker}]"' in lines[0]
+    assert lines[0].startswith(f"error: tracking.{key}.enabled=true needs the {module}")
+    assert f'pip install -e ".[{tracker.extra}]"' in lines[0]
     assert not run_dir.exists()
 
 
