@@ -5,6 +5,7 @@ one who adds it through every file that holds one."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -24,22 +25,36 @@ RECORDS = ("docs/benchmarks.md", "app/bench/")
 LIST_GAP = 24
 
 
-def _pattern(name: str) -> re.Pattern[str]:
-    """`name` as a word, its `_` or `-` written either way or as a space (successive halving)."""
-    parts = (re.escape(p) for p in re.split(r"[_-]", name))
-    return re.compile(r"(?<![\w-])" + r"[_ -]".join(parts) + r"(?![\w-])")
+Match = tuple[int, int, str]  # (start, end, the name) of a name found in a text
 
 
-def longest_list(text: str, names: tuple[str, ...], gap: int = LIST_GAP) -> list[str]:
-    """The most distinct `names` that `text` runs together (each within `gap` of the next)."""
-    found = sorted((m.start(), m.end(), n) for n in names for m in _pattern(n).finditer(text))
+@functools.cache
+def _names_in(names: tuple[str, ...]) -> re.Pattern[str]:
+    """Any of `names` as a word (the longest first: h100_pcie before h100), its `_` or `-`
+    written either way or as a space (successive halving)."""
+    words = (r"[_ -]".join(re.escape(p) for p in re.split(r"[_-]", n)) for n in names)
+    alternatives = sorted(words, key=len, reverse=True)
+    return re.compile(r"(?<![\w-])(?:" + "|".join(alternatives) + r")(?![\w-])")
+
+
+def found_in(text: str, names: tuple[str, ...]) -> list[Match]:
+    spelled = {re.sub(r"[_ -]", "_", n): n for n in names}
+    return [
+        (m.start(), m.end(), spelled[re.sub(r"[_ -]", "_", m.group(0))])
+        for m in _names_in(names).finditer(text)
+    ]
+
+
+def longest_run(found: list[Match], kind: set[str], gap: int = LIST_GAP) -> list[str]:
+    """The most distinct names of `kind` that run together in `found` (each within `gap` of
+    the next)."""
     best: list[str] = []
     run: list[str] = []
     end = -gap - 1
-    for start, stop, name in found:
+    for start, stop, name in (f for f in found if f[2] in kind):
         run = [*run, name] if start - end <= gap else [name]
-        end = max(end, stop)
-        if len(set(run)) > len(set(best)):
+        end = stop
+        if len(set(run)) > len(best):
             best = sorted(set(run))
     return best
 
@@ -69,27 +84,32 @@ def typed_lists(root: Path, known: dict[str, tuple[str, ...]]) -> list[str]:
     """Places in the files under `root` that run together all of a kind's names, or all but
     one: every one that there were when it was written (the one added since is what it
     misses). Kinds of fewer than three names are too few to tell a list from two examples."""
-    lists = {k: names for k, names in known.items() if len(names) >= 3 and k not in FIXED}
+    lists = {k: set(names) for k, names in known.items() if len(names) >= 3 and k not in FIXED}
+    every = tuple(sorted(set().union(*lists.values())))
     found = []
     for path in files(root):
         text = path.read_text()
+        in_file = {name for _, _, name in found_in(text, every)}
         for kind, names in lists.items():
             least = max(3, len(names) - 1)
-            if len(longest_list(text, names, gap=len(text))) >= least:  # in the file at all
+            if len(in_file & names) >= least:
                 where = path.relative_to(root).as_posix()
                 found += [
                     f"{where}:{n}: {kind}: {', '.join(named)}"
-                    for n, named in _lists_in(path, names, least)
+                    for n, named in _lists_in(path, every, names, least)
                 ]
     return found
 
 
-def _lists_in(path: Path, names: tuple[str, ...], least: int) -> list[tuple[int, list[str]]]:
-    """(line, the names) of each list of at least `least` of `names` that starts on that line."""
+def _lists_in(
+    path: Path, every: tuple[str, ...], kind: set[str], least: int
+) -> list[tuple[int, list[str]]]:
+    """(line, the names) of each list of at least `least` names of `kind` that starts on that
+    line."""
     out: list[tuple[int, list[str]]] = []
     for number, line, text in windows(path):
-        named = longest_list(text, names)
-        if len(named) < least or not any(_pattern(n).search(line) for n in named):
+        named = longest_run(found_in(text, every), kind)
+        if len(named) < least or not {n for _, _, n in found_in(line, every)} & set(named):
             continue
         if not out or out[-1][0] < number - 2:  # the same list, seen from the next line
             out.append((number, named))
