@@ -290,7 +290,7 @@ def test_the_plots_of_a_warm_started_study_draw_its_own_trials_under_its_metric_
     """Optuna's plots get a copy of the study without the trials it borrowed (hpo.warm_start),
     which keeps the names of its objectives."""
     from app.studies.report import own_trials
-    from hydra_plugins.hydratrain_optuna_sweeper._study._cost import BORROWED
+    from hydra_plugins.hydratrain_optuna_sweeper._pruners._learned import BORROWED
 
     study = optuna.create_study(directions=["minimize", "maximize"])
     with warnings.catch_warnings():

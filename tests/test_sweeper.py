@@ -403,11 +403,10 @@ def test_tpes_random_start_up_is_a_quarter_of_the_budget_at_most_optunas_ten(ove
 def test_successive_halving_waits_for_two_trials_at_a_rung_in_a_study_of_ten_or_more(over, args):
     """The default pruner's bootstrap follows the study's budget (docs/benchmarks.md, "The
     default study against a grid") in trials' worth; hpo.pruner_args wins. Without a schedule
-    Optuna places the rungs itself ("auto"), which takes no bootstrap."""
+    the same: the rungs are placed as for a declared one once the study has learned it."""
     s = _settings(**over)
     assert study_pruner_args(s.pruner, s.pruner_args, s.budget.worth, ReportAxis(10, 90)) == args
-    given = dict(over.get("pruner_args") or {})
-    assert study_pruner_args(s.pruner, s.pruner_args, s.budget.worth, None) == given
+    assert study_pruner_args(s.pruner, s.pruner_args, s.budget.worth, None) == args
 
 
 def test_a_job_in_another_process_builds_the_pruner_the_sweep_resolved(tmp_path):
@@ -615,9 +614,10 @@ def test_reporter_rebuilds_the_trial_from_storage_and_prunes(tmp_path):
     from app.hpo import build_reporter
 
     study, spec = _study(tmp_path, name="r")
-    for value in (1.0, 1.1, 1.2):
+    for value in (1.0, 1.1, 1.2):  # trials of 10 steps: a report at 5 is judged
         t = study.ask()
         t.report(value, 5)
+        t.report(value, 10)
         study.tell(t, value)
     live = study.ask()
     cfg = _job_cfg(
@@ -729,9 +729,10 @@ def test_an_accuracy_study_prunes_the_low_accuracy_trial_not_the_high_one(tmp_pa
     study = optuna.create_study(
         study_name="acc", storage=open_storage(spec, Masker()), direction="maximize"
     )
-    for value in (0.80, 0.85, 0.90):
+    for value in (0.80, 0.85, 0.90):  # trials of 10 steps: a report at 5 is judged
         t = study.ask()
         t.report(value, 5)
+        t.report(value, 10)
         study.tell(t, value)
     over = {
         "study_name": "acc",

@@ -16,6 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from app.config.budget import ReportAxis
 from hydra_plugins.hydratrain_optuna_sweeper._study._settings import Liveness
 from hydra_plugins.hydratrain_optuna_sweeper._study._shared import StudyTrialBudget, counted
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import journal
@@ -91,7 +92,7 @@ def test_trials_stopped_early_spend_their_share_and_buy_more_trials():
     from hydra_plugins.hydratrain_optuna_sweeper._study._cost import TrialsWorth
 
     study = optuna.create_study()
-    worth = TrialsWorth(study, 2.0, last=90)
+    worth = TrialsWorth(study, 2.0, ReportAxis(30, 90))
     budget = StudyTrialBudget(study, None, None, LIVE, worth=worth)
     (first,) = budget.next_trials(1)
     first.suggest_float("x", 0.0, 1.0)

@@ -16,13 +16,9 @@ from app.config.budget import ReportAxis
 from app.config.hpo import WarmStartConfig
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import PRUNERS, PrunerKind
+from hydra_plugins.hydratrain_optuna_sweeper._pruners._learned import BUDGET, UNIT
 from hydra_plugins.hydratrain_optuna_sweeper._study._cost import trials_worth
-from hydra_plugins.hydratrain_optuna_sweeper._study._shared import (
-    BUDGET,
-    UNIT,
-    count_toward_budget,
-    requeue,
-)
+from hydra_plugins.hydratrain_optuna_sweeper._study._shared import count_toward_budget, requeue
 from hydra_plugins.hydratrain_optuna_sweeper._study._storage import Masker, StorageSpec, journal
 from hydra_plugins.hydratrain_optuna_sweeper._study._warm_start import (
     FROM,

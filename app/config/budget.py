@@ -226,6 +226,9 @@ class ReportAxis:
     every: int
     last: int
     unit: BudgetUnit = BudgetUnit.STEPS
+    # Where the axis came from, for the study's first line (a setting, or how it was learned);
+    # not part of its identity.
+    source: str = dataclasses.field(default="", compare=False)
 
 
 def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> TrainBudget:
@@ -349,7 +352,7 @@ def report_axis(t: TrainingConfig, tokens_per_sample: int | None) -> ReportAxis:
     """The study's report axis for runs of these settings (independent of the effective batch
     under a data budget)."""
     b = budget_of(t, tokens_per_sample)
-    return ReportAxis(unit=b.unit, every=b.eval_every, last=b.total)
+    return ReportAxis(unit=b.unit, every=b.eval_every, last=b.total, source=b.setting)
 
 
 def lr_factor(scaling: str, batch: int, reference: int) -> float:

@@ -57,6 +57,13 @@ class HpoConfig:
     # when set: a count of trials instead (budget_trials then does not apply).
     budget_trials: float = 20.0
     n_trials: int | None = None
+    # A full trial's resource and the interval its reports come at, in the app's own unit (the
+    # step it passes to `report`), for an app whose config declares no training schedule
+    # (training.max_steps, training.eval_every); a training run's config declares both. null:
+    # learned from the first trial that completes (its last reported step, and the interval
+    # of its reports), as Optuna's HyperbandPruner(max_resource="auto") learns it.
+    max_resource: int | None = None
+    report_every: int | None = None
     # minimize | maximize, or one per metric; null: each metric's own (loss down, tokens/s up)
     direction: Any = None
     metric: Any = "final_val_loss"  # summary.json key(s) the study optimizes

@@ -40,6 +40,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .. import _private as private
 from ._kind import PRUNERS, PrunerKind, ReportAxis, halving_defaults
+from ._learned import current
 from ._lineage import PROMOTED_FROM, ROOT, UNCOUNTED, heads, root
 
 log = logging.getLogger(__name__)
@@ -216,8 +217,9 @@ def _build(args: dict[str, object], schedule: ReportAxis | None) -> AshaPruner:
 
 
 def _promoter(study: optuna.Study, reports: optuna.Study) -> Promoter:
-    assert isinstance(reports.pruner, AshaPruner)
-    return Promoter(study, reports, reports.pruner.eta)
+    pruner = current(reports.pruner)  # a learned axis changes the rungs, not the factor
+    assert isinstance(pruner, AshaPruner)
+    return Promoter(study, reports, pruner.eta)
 
 
 PRUNERS.add(PrunerKind("asha", _build, _defaults, pauses=True, promoter=_promoter))

@@ -10,6 +10,7 @@ every other module of the plugin at each start).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -23,16 +24,22 @@ from app.core.errors import ConfigError
 from app.core.registry import Registry
 
 from .._errors import SweepConfigError
+from ._learned import LearnedAxisPruner
 
 # Passed to the halving pruners unless hpo.pruner_args sets it: successive halving's own default
 # is 4, not the 3 its first rung is placed for; hyperband's is 3, passed too so that it stays so.
 REDUCTION_FACTOR = 3
 
 
+DECLARED = "hpo.max_resource"  # the source of a schedule the hpo node declares
+
+
 def schedule_of(cfg: object) -> ReportAxis | None:
     """When a trial reports (the pruners' defaults are set from it): its report axis, the same
     for every trial of a study under a data budget; another app's `training.eval_every` up to
-    `training.max_steps`, in steps; None where the config has neither."""
+    `training.max_steps`, in steps; or what its hpo node declares (`hpo.max_resource`, reported
+    every `hpo.report_every`, 1 if unset); None where the config has none of these (the study
+    then learns it: `_learned.py`)."""
     if cfg is None:
         return None
     axis = report_axis_of(cfg)
@@ -40,9 +47,18 @@ def schedule_of(cfg: object) -> ReportAxis | None:
         return axis
     t = getattr(cfg, "training", None)
     every, last = getattr(t, "eval_every", None), getattr(t, "max_steps", None)
-    if every is None or last is None:
+    if every is not None and last is not None:
+        return ReportAxis(int(every), int(last), source="training.max_steps")
+    return declared_axis(getattr(cfg, "hpo", None))
+
+
+def declared_axis(hpo: object) -> ReportAxis | None:
+    """hpo.max_resource and hpo.report_every as a report axis; None where not declared."""
+    last = getattr(hpo, "max_resource", None)
+    if last is None:
         return None
-    return ReportAxis(int(every), int(last))
+    every = getattr(hpo, "report_every", None)
+    return ReportAxis(1 if every is None else int(every), int(last), source=DECLARED)
 
 
 Defaults = Callable[[ReportAxis | None, Mapping[str, object]], dict[str, object]]
@@ -153,15 +169,25 @@ def build_pruner(
     name: str, args: Mapping[str, object], n_objectives: int, schedule: ReportAxis | None = None
 ) -> optuna.pruners.BasePruner:
     """The study's pruner. Several objectives: none here (Optuna cannot prune them); the
-    pruning companion (`_companion.py`) gets this pruner built for one."""
+    pruning companion (`_companion.py`) gets this pruner built for one. No schedule: its rungs
+    are placed once the study has learned a full trial's length (`LearnedAxisPruner`)."""
     kind = pruner_kind(name)
     if n_objectives > 1:
         return optuna.pruners.NopPruner()
+    if schedule is None:
+        place = functools.partial(_built, kind, args)
+        return LearnedAxisPruner(place, placed="min_resource" in args)
+    return _built(kind, args, schedule)
+
+
+def _built(
+    kind: PrunerKind, args: Mapping[str, object], schedule: ReportAxis | None
+) -> optuna.pruners.BasePruner:
     try:
         return kind.build({**kind.defaults(schedule, args), **args}, schedule)
     except (TypeError, ValueError) as e:  # an unknown argument, or a value Optuna refuses
         raise SweepConfigError(
-            f"hpo.pruner_args={dict(args)} do not fit hpo.pruner={name}: {e}"
+            f"hpo.pruner_args={dict(args)} do not fit hpo.pruner={kind.name}: {e}"
         ) from None
 
 

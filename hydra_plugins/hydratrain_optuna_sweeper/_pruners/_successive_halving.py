@@ -25,9 +25,9 @@ BOOTSTRAP_FROM = 10
 
 def bootstrap(worth: float | None, schedule: ReportAxis | None) -> dict[str, object]:
     """The bootstrap count for a study of `worth` full trials' worth (None: a count of trials).
-    Without a schedule (an app whose config has none) Optuna places the rungs itself ("auto"),
-    which takes no bootstrap."""
-    if schedule is None or worth is None or worth < BOOTSTRAP_FROM:
+    A study whose schedule is learned (`schedule` None) places its rungs as a declared one
+    once it knows it (`_learned.py`), so it takes the same bootstrap."""
+    if worth is None or worth < BOOTSTRAP_FROM:
         return {}
     return {"bootstrap_count": BOOTSTRAP_COUNT}
 

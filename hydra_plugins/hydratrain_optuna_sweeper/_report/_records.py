@@ -26,9 +26,9 @@ from app.studies.report import Ending, StudyRecord, TrialRecord, write_report
 from .. import _private as private
 from .._pruners._asha import PAUSED
 from .._pruners._companion import MAIN_TRIAL
+from .._pruners._learned import BORROWED, BUDGET, UNIT
 from .._pruners._lineage import root
-from .._study._cost import BORROWED, BUDGET_TRIALS
-from .._study._shared import BUDGET, UNIT
+from .._study._cost import BUDGET_TRIALS
 
 log = logging.getLogger(__name__)
 

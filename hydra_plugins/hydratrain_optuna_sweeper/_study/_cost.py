@@ -26,15 +26,15 @@ from collections.abc import Iterable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from app.config.budget import ReportAxis
+
+from .._pruners._learned import NOT_RUN, axis_of
 from .._pruners._lineage import root
 
 log = logging.getLogger(__name__)
 
 COST = "device_seconds"  # the summary key, user attr and objective name
 BUDGET_TRIALS = "hpo:budget_trials"  # study user attr: hpo.budget_trials, for the report
-BORROWED = "borrowed"  # the reason of a trial observed from an earlier study (hpo.warm_start)
-# reasons of trials the sweeper told without running them
-NOT_RUN = ("surplus", "duplicate", BORROWED)
 
 
 def recorded(t: FrozenTrial) -> float:
@@ -71,19 +71,38 @@ class CostCap:
 class TrialsWorth:
     """hpo.budget_trials: the training a study may spend, in full trials' worth, shared by its
     workers. `reports`: the study that takes the trials' reports (the study, or its pruning
-    companion); `last`: a whole trial's end on the report axis (None: another app's job with
-    no known end, whose finished trials then count one each)."""
+    companion); `axis`: where a trial reports and its full resource on that axis (the job's
+    config, or hpo.max_resource). None: nothing declares it, so it is learned from the first
+    trial that completes (`_pruners/_learned.py`); until then each finished trial counts one."""
 
-    def __init__(self, reports: optuna.Study, budget: float, last: int | None) -> None:
+    def __init__(self, reports: optuna.Study, budget: float, axis: ReportAxis | None) -> None:
         self.reports = reports
         self.budget = budget
-        self.last = last
+        self.axis = axis
+
+    @property
+    def last(self) -> int | None:
+        """A full trial's end on the report axis; None while it is not known."""
+        if self.axis is None:
+            self.axis = axis_of(self.reports)
+            if self.axis is not None:
+                log.info("%s", learned_line(self.axis, self.budget))
+        return None if self.axis is None else self.axis.last
 
     def spent(self) -> float:
         return trials_worth(self.reports.get_trials(deepcopy=False), self.last)
 
     def left(self) -> bool:
         return self.spent() < self.budget - 1e-9  # three thirds are one, not 0.999...
+
+
+def learned_line(axis: ReportAxis, budget: float) -> str:
+    """What the study says once it has learned a full trial's length."""
+    return (
+        f"A full trial is {axis.last:,} {axis.unit}, reported every {axis.every:,} ({axis.source}):"
+        f" hpo.budget_trials={budget:g} is {budget * axis.last:,.0f} {axis.unit}, and the "
+        "pruner's rungs follow it"
+    )
 
 
 def record_budget(study: optuna.Study, worth: float) -> None:

@@ -187,7 +187,25 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
         warm_start=h.warm_start if hpo else None,
     )
     check(s)
+    _check_resource(h)
     return s
+
+
+def _check_resource(h: HpoConfig) -> None:
+    """hpo.max_resource and hpo.report_every: positive, the interval within the whole."""
+    for key in ("max_resource", "report_every"):
+        value = getattr(h, key)
+        if value is not None and value < 1:
+            raise SweepConfigError(
+                f"hpo.{key}={value} must be a positive integer in the steps the app reports, "
+                "or null to learn it from the first trial that completes"
+            )
+    last, every = h.max_resource, h.report_every
+    if last is not None and every is not None and every > last:
+        raise SweepConfigError(
+            f"hpo.report_every={every} must not exceed hpo.max_resource={last}: a full trial "
+            "reports at least once"
+        )
 
 
 def _trial_budget(stock: StockOptions, h: HpoConfig) -> TrialCount:

@@ -60,10 +60,6 @@ def budget_lock(path: str | None) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-UNIT = "hpo:report_unit"  # study user attrs: the axis trials report on, and its end
-BUDGET = "hpo:report_budget"
-
-
 def counted(trial: FrozenTrial) -> bool:
     return not trial.system_attrs.get(UNCOUNTED, False)
 

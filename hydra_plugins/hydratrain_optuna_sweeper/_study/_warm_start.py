@@ -52,12 +52,12 @@ from app.config.hpo import WarmStartConfig
 from .._errors import SweepConfigError
 from .._private import contains, sampler_constraints, storage_of
 from .._pruners._kind import pruner_kind, pruners_comparing_reports
+from .._pruners._learned import BORROWED, BUDGET, UNIT
 from .._pruners._lineage import BORROWED_FROM, UNCOUNTED
 from ._best import own_front
-from ._cost import BORROWED
 from ._samplers import OOM, TRIAL_CONSTRAINTS
 from ._settings import SweepSettings
-from ._shared import BUDGET, UNIT, budget_lock
+from ._shared import budget_lock
 from ._storage import Masker, StorageSpec, open_storage
 from ._warm_sources import open_source, storage_exists
 
