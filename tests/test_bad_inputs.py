@@ -339,6 +339,8 @@ SWEEP_CASES = [
         "hpo.pruner_args.reduction_factor=1",
     ),
     ("budget-s", ["hpo.budget_s=-5"], "hpo.budget_s=-5"),
+    ("max-resource", ["hpo.max_resource=0"], "hpo.max_resource=0 must be a positive integer"),
+    ("declared-twice", ["hpo.max_resource=100"], "the job's config declares its schedule"),
     ("override-typo", ["training.lrr=0.1"], "training.lrr: no such setting"),
     ("sweep-option", ["model=gpt5"], "model=gpt5 is not an option"),
     ("fleet-workers", ["hpo.workers=0"], "hpo.workers=0 is not allowed"),

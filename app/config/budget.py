@@ -220,15 +220,13 @@ class TrainBudget:
 
 @dataclass(frozen=True)
 class ReportAxis:
-    """Where a study's trials report: every `every` units up to `last` (the budget), in `unit`.
-    The same for every trial of a study under a data budget; pruners place their rungs on it."""
+    """Where a study's trials report: every `every` units up to `last` (the budget), in `unit`
+    (the same for every trial of a data budget); pruners place their rungs on it."""
 
     every: int
     last: int
     unit: BudgetUnit = BudgetUnit.STEPS
-    # Where the axis came from, for the study's first line (a setting, or how it was learned);
-    # not part of its identity.
-    source: str = dataclasses.field(default="", compare=False)
+    source: str = dataclasses.field(default="", compare=False)  # the setting it came from
 
 
 def budget_of(t: TrainingConfig, tokens_per_sample: int | None) -> TrainBudget:
@@ -349,8 +347,7 @@ def _check_scaled_lr(t: TrainingConfig, budget: TrainBudget) -> None:
 
 
 def report_axis(t: TrainingConfig, tokens_per_sample: int | None) -> ReportAxis:
-    """The study's report axis for runs of these settings (independent of the effective batch
-    under a data budget)."""
+    """The study's report axis for these settings (a data budget's: any effective batch's)."""
     b = budget_of(t, tokens_per_sample)
     return ReportAxis(unit=b.unit, every=b.eval_every, last=b.total, source=b.setting)
 

@@ -61,6 +61,27 @@ def declared_axis(hpo: object) -> ReportAxis | None:
     return ReportAxis(1 if every is None else int(every), int(last), source=DECLARED)
 
 
+def check_declared(hpo: object, schedule: ReportAxis | None) -> None:
+    """hpo.max_resource and hpo.report_every (of the job's hpo node) are for an app whose
+    config declares no schedule: beside one (a training run's) they would be a second,
+    possibly different, answer."""
+    keys = [k for k in ("max_resource", "report_every") if getattr(hpo, k, None) is not None]
+    if not keys or (schedule is not None and schedule.source == DECLARED):
+        return  # nothing declared, or what is declared is the schedule
+    if schedule is None:  # hpo.report_every alone
+        every = getattr(hpo, "report_every", None)
+        raise SweepConfigError(
+            f"hpo.report_every={every} needs hpo.max_resource, a full trial's resource in the "
+            "same unit; set both, or neither to learn them"
+        )
+    given = ", ".join(f"hpo.{k}={getattr(hpo, k)}" for k in keys)
+    raise SweepConfigError(
+        f"{given}: the job's config declares its schedule ({schedule.source}: reports every "
+        f"{schedule.every:,} {schedule.unit} up to {schedule.last:,}); leave hpo.max_resource "
+        "and hpo.report_every null"
+    )
+
+
 Defaults = Callable[[ReportAxis | None, Mapping[str, object]], dict[str, object]]
 # What a pruner takes from the study's budget (and its schedule, None where the job's config
 # has none): `worth` is the budget in full trials' worth (hpo.budget_trials), None where a

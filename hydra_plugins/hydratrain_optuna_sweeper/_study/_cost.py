@@ -30,6 +30,7 @@ from app.config.budget import ReportAxis
 
 from .._pruners._learned import NOT_RUN, axis_of
 from .._pruners._lineage import root
+from ._settings import TrialCount
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,37 @@ class TrialsWorth:
 
     def left(self) -> bool:
         return self.spent() < self.budget - 1e-9  # three thirds are one, not 0.999...
+
+
+def budget_text(b: TrialCount, budget_s: float | None, schedule: ReportAxis | None) -> str:
+    """The study's budget as its first line says it: trials, or full trials' worth and what a
+    full trial is (where the study knows that from, or that it learns it)."""
+    cap = f", at most {budget_s:g} device-seconds (hpo.budget_s)" if budget_s else ""
+    if b.per_run:
+        return f"{b.n_trials} more trials ({b.key}){cap}"
+    if b.worth is None:
+        return f"{b.n_trials} trials in all ({b.key}){cap}"
+    grid = f", at most {b.n_trials} trials (the grid)" if b.n_trials is not None else ""
+    return (
+        f"{b.worth:g} trials' worth of training ({b.key}{_full_trial(b.worth, schedule)}; a "
+        f"trial stopped early spends less, and buys more trials){grid}{cap}"
+    )
+
+
+def _full_trial(worth: float, schedule: ReportAxis | None) -> str:
+    """What a full trial is and where the study knows it from, or that it cannot know yet."""
+    if schedule is None:
+        return (
+            ": a full trial's length is not known yet, since the config declares no schedule "
+            "(training.max_steps with training.eval_every, or hpo.max_resource): it is learned "
+            "from the first trial to complete, its last report, and until then each finished "
+            "trial counts as one"
+        )
+    unit = schedule.unit
+    return (
+        f": {worth * schedule.last:,.0f} {unit}, a full trial being {schedule.last:,} {unit} "
+        f"({schedule.source})"
+    )
 
 
 def learned_line(axis: ReportAxis, budget: float) -> str:

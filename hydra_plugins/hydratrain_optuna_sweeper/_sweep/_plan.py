@@ -34,9 +34,9 @@ from .._errors import NoTrialCompleted, StorageUnreachable, SweepAborted, SweepC
 from .._fleet._jobs import FleetJob, worker_config
 from .._pruners._companion import Judge, open_companion
 from .._pruners._kind import (
-    DECLARED,
     ReportAxis,
     build_pruner,
+    check_declared,
     pruner_kind,
     record_pruner_args,
     schedule_of,
@@ -47,7 +47,7 @@ from .._pruners._line_sampler import LineSampler, unwrapped
 from .._report._records import describe, write_sweep_report
 from .._report._results import check_completed
 from .._study._checks import check_objectives, check_space
-from .._study._cost import CostCap, TrialsWorth, record_budget
+from .._study._cost import CostCap, TrialsWorth, budget_text, record_budget
 from .._study._fleet_plan import FleetPlan, fleet_worker, seeded_for_worker
 from .._study._samplers import build_sampler, grid_size
 from .._study._settings import SweepSettings, read_settings
@@ -159,7 +159,7 @@ class OptunaSweeperImpl(Sweeper):
         check_objectives(job_cfg, s)
         sampler = _sampler(s, space)
         schedule = schedule_of(job_cfg)
-        _check_declared(job_cfg, schedule)
+        check_declared(job_cfg.get("hpo"), schedule)
         _check_batch_study(s, schedule)
         pruner_args = study_pruner_args(s.pruner, s.pruner_args, s.budget.worth, schedule)
         pruner = build_pruner(s.pruner, pruner_args, len(s.directions), schedule)
@@ -168,7 +168,7 @@ class OptunaSweeperImpl(Sweeper):
             "Study %s in %s: %s, sampler %s, pruner %s%s",
             s.study_name or "(a new one)",
             self.mask(s.storage.text),
-            _budget_text(s, schedule),
+            budget_text(s.budget, s.budget_s, schedule),
             type(unwrapped(sampler)).__name__,
             type(current(judged_by if _has_companion(s) else pruner)).__name__,
             _axis_text(schedule, space),
@@ -347,36 +347,6 @@ def _cap_to_grid(s: SweepSettings, size: int) -> None:
         s.budget = dataclasses.replace(s.budget, n_trials=size)
 
 
-def _budget_text(s: SweepSettings, schedule: ReportAxis | None) -> str:
-    b = s.budget
-    cap = f", at most {s.budget_s:g} device-seconds (hpo.budget_s)" if s.budget_s else ""
-    if b.per_run:
-        return f"{b.n_trials} more trials ({b.key}){cap}"
-    if b.worth is None:
-        return f"{b.n_trials} trials in all ({b.key}){cap}"
-    grid = f", at most {b.n_trials} trials (the grid)" if b.n_trials is not None else ""
-    return (
-        f"{b.worth:g} trials' worth of training ({b.key}{_full_trial(b.worth, schedule)}; a "
-        f"trial stopped early spends less, and buys more trials){grid}{cap}"
-    )
-
-
-def _full_trial(worth: float, schedule: ReportAxis | None) -> str:
-    """What a full trial is and where the study knows it from, or that it cannot know yet."""
-    if schedule is None:
-        return (
-            ": a full trial's length is not known yet, since the config declares no schedule "
-            "(training.max_steps with training.eval_every, or hpo.max_resource): it is learned "
-            "from the first trial to complete, its last report, and until then each finished "
-            "trial counts as one"
-        )
-    unit = schedule.unit
-    return (
-        f": {worth * schedule.last:,.0f} {unit}, a full trial being {schedule.last:,} {unit} "
-        f"({schedule.source})"
-    )
-
-
 def _signal_name(status: int) -> str:
     import signal
 
@@ -403,26 +373,6 @@ def _axis_text(schedule: ReportAxis | None, space: SearchSpace) -> str:
     return (
         f"{axis}: trials are compared at equal steps, so a larger {BATCH_KEY} has seen more "
         f"data (a budget in steps: training.max_steps={schedule.last})"
-    )
-
-
-def _check_declared(job_cfg: DictConfig, schedule: ReportAxis | None) -> None:
-    """hpo.max_resource and hpo.report_every are for an app whose config declares no schedule:
-    beside one (a training run's) they would be a second, possibly different, answer."""
-    hpo = job_cfg.get("hpo")
-    keys = [k for k in ("max_resource", "report_every") if getattr(hpo, k, None) is not None]
-    if not keys or (schedule is not None and schedule.source == DECLARED):
-        return  # nothing declared, or what is declared is the schedule
-    if schedule is None:  # hpo.report_every alone
-        raise SweepConfigError(
-            f"hpo.report_every={hpo.report_every} needs hpo.max_resource, a full trial's "
-            "resource in the same unit; set both, or neither to learn them"
-        )
-    given = ", ".join(f"hpo.{k}={getattr(hpo, k)}" for k in keys)
-    raise SweepConfigError(
-        f"{given}: the job's config declares its schedule ({schedule.source}: reports every "
-        f"{schedule.every:,} {schedule.unit} up to {schedule.last:,}); leave hpo.max_resource "
-        "and hpo.report_every null"
     )
 
 
