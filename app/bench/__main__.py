@@ -30,6 +30,10 @@ from app.bench.studies.hpo import hpo_table, run_hpo_bench
 from app.bench.studies.hpo_peers import CONTENDERS as HPO_PEERS
 from app.bench.studies.hpo_peers import SAMPLERS as PEER_SAMPLERS
 from app.bench.studies.hpo_peers import peers_tables, run_peers_bench
+from app.bench.studies.mf.run import CONTENDERS as MF_CONTENDERS
+from app.bench.studies.mf.run import DEFAULT_BENCHMARKS as MF_BENCHMARKS
+from app.bench.studies.mf.run import SEEDS as MF_SEEDS
+from app.bench.studies.mf.run import mf_table, plot_mf, run_mf_bench
 from app.bench.studies.sampler_choice import ARMS as SAMPLER_ARMS
 from app.bench.studies.sampler_choice import STUDIES as SAMPLER_STUDIES
 from app.bench.studies.sampler_choice import run_sampler_choice, sampler_choice_table
@@ -83,6 +87,8 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         samplers = args.samplers.split(",")
         studies = run_peers_bench(args.overrides, peers, samplers)
         return {"machine": machine_info(), **studies}, peers_tables(studies)
+    if args.mf_peers:
+        return run_mf(args)
     if args.batch_schedule:
         grid = Grid(args.lrs or LRS, args.fractions or FRACTIONS, args.lr_scalings)
         schedule = run_batch_schedule_bench(args.overrides, _seeds(args), _cores(args), grid)
@@ -120,8 +126,25 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
     return bench, benchmark_table(bench)
 
 
-def _seeds(args: argparse.Namespace) -> list[int]:
-    return [int(s) for s in args.seeds.split(",")]
+def run_mf(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
+    """The multi-fidelity bench: its report, table and plot (beside the JSON)."""
+    optimizers = args.optimizers.split(",") if args.optimizers else list(MF_CONTENDERS)
+    benchmarks = args.benchmarks.split(",") if args.benchmarks else MF_BENCHMARKS
+    unknown = sorted(set(optimizers) - set(MF_CONTENDERS))
+    if unknown:
+        raise SystemExit(f"--optimizers: {unknown} not among {', '.join(MF_CONTENDERS)}")
+    seeds = _seeds(args, default=",".join(map(str, MF_SEEDS)))
+    json_path = Path(args.json or default_json_path(args))
+    partial = json_path.with_suffix(".partial.jsonl")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    report = run_mf_bench(benchmarks, optimizers, seeds, partial)
+    png = json_path.with_suffix(".png")
+    plot_mf(report, png)
+    return {"machine": machine_info(), **report}, f"{mf_table(report)}\n\nplot: {png}"
+
+
+def _seeds(args: argparse.Namespace, default: str = "0,1") -> list[int]:
+    return [int(s) for s in (args.seeds or default).split(",")]
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -152,6 +175,8 @@ KINDS = {
     "fleet": "a seeded study with 1 and 2 workers",
     "parallel": "DDP and FSDP on 2 ranks, OOM agreement on/off",
     "hpo-peers": "the seeded study by this sweeper (pruners) and by the transformers Trainer",
+    "mf-peers": "the default study vs Optuna+Hyperband, SMAC3, DEHB, Syne Tune, Ray Tune on "
+    "multi-fidelity Hartmann functions",
     "batch-budget": "studies at a data budget vs fixed steps, against a grid's true best",
     "report": "time a study report of 200 trials (app.report)",
     "sampler-choice": "the default study and the bench's under each candidate sampler",
@@ -217,9 +242,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--seeds",
-        default="0,1",
-        help="batch-budget, batch-schedule, sampler-choice, default-study, warm-start: "
-        "comma-separated seeds",
+        help="batch-budget, batch-schedule, sampler-choice, default-study, warm-start "
+        "(default 0,1), mf-peers (default 0..7): comma-separated seeds",
+    )
+    p.add_argument(
+        "--optimizers", help=f"mf-peers: comma-separated subset of {','.join(MF_CONTENDERS)}"
+    )
+    p.add_argument(
+        "--benchmarks", help=f"mf-peers: comma-separated subset of {','.join(MF_BENCHMARKS)}"
     )
     p.add_argument("--peers", help=f"hpo-peers: comma-separated subset of {','.join(HPO_PEERS)}")
     p.add_argument(
