@@ -32,6 +32,7 @@ from app.bench.studies.hpo_peers import SAMPLERS as PEER_SAMPLERS
 from app.bench.studies.hpo_peers import peers_tables, run_peers_bench
 from app.bench.studies.mf.run import CONTENDERS as MF_CONTENDERS
 from app.bench.studies.mf.run import DEFAULT_BENCHMARKS as MF_BENCHMARKS
+from app.bench.studies.mf.run import EVERY_CONTENDER as MF_EVERY
 from app.bench.studies.mf.run import SEEDS as MF_SEEDS
 from app.bench.studies.mf.run import mf_table, plot_mf, run_mf_bench
 from app.bench.studies.sampler_choice import ARMS as SAMPLER_ARMS
@@ -130,9 +131,9 @@ def run_mf(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
     """The multi-fidelity bench: its report, table and plot (beside the JSON)."""
     optimizers = args.optimizers.split(",") if args.optimizers else list(MF_CONTENDERS)
     benchmarks = args.benchmarks.split(",") if args.benchmarks else MF_BENCHMARKS
-    unknown = sorted(set(optimizers) - set(MF_CONTENDERS))
+    unknown = sorted(set(optimizers) - set(MF_EVERY))
     if unknown:
-        raise SystemExit(f"--optimizers: {unknown} not among {', '.join(MF_CONTENDERS)}")
+        raise SystemExit(f"--optimizers: {unknown} not among {', '.join(MF_EVERY)}")
     seeds = _seeds(args, default=",".join(map(str, MF_SEEDS)))
     json_path = Path(args.json or default_json_path(args))
     partial = json_path.with_suffix(".partial.jsonl")
@@ -246,7 +247,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(default 0,1), mf-peers (default 0..7): comma-separated seeds",
     )
     p.add_argument(
-        "--optimizers", help=f"mf-peers: comma-separated subset of {','.join(MF_CONTENDERS)}"
+        "--optimizers",
+        help=f"mf-peers: comma-separated, of {','.join(MF_EVERY)} (default: "
+        f"{','.join(MF_CONTENDERS)})",
     )
     p.add_argument(
         "--benchmarks", help=f"mf-peers: comma-separated subset of {','.join(MF_BENCHMARKS)}"

@@ -17,10 +17,15 @@ from typing import TypedDict
 from app.bench.studies.mf.hartmann import MAX_FIDELITY, SUITE, benchmark
 from app.bench.studies.mf.peers import PEERS, Run
 from app.bench.studies.mf.protocol import BUDGET_TRIALS, FRACTIONS, Ledger, regret_curve
-from app.bench.studies.mf.sweeper import hydratrain_default
+from app.bench.studies.mf.sweeper import VARIANTS, hydratrain
 
 OURS = "hydratrain-default"
-CONTENDERS: dict[str, tuple[Run, str]] = {OURS: (hydratrain_default, "optuna"), **PEERS}
+# This sweeper's default study and the peers run by default; its other options on request
+CONTENDERS: dict[str, tuple[Run, str]] = {OURS: (hydratrain("default"), "optuna"), **PEERS}
+OPTIONS: dict[str, tuple[Run, str]] = {
+    f"hydratrain-{v}": (hydratrain(v), "optuna") for v in VARIANTS if v != "default"
+}
+EVERY_CONTENDER = {**CONTENDERS, **OPTIONS}
 SEEDS = tuple(range(8))
 
 
@@ -48,7 +53,7 @@ def run_mf_bench(
     contenders: list[str],
     seeds: list[int],
     partial: Path,
-    runs: Mapping[str, tuple[Run, str]] = CONTENDERS,
+    runs: Mapping[str, tuple[Run, str]] = EVERY_CONTENDER,
 ) -> MfReport:
     """Each (benchmark, seed, contender) study in turn; what `partial` already holds (an
     earlier run of the same command, stopped) is kept, not run again."""

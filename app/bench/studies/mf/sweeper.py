@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from app.bench.studies.mf.hartmann import MAX_FIDELITY
@@ -32,8 +32,30 @@ class AppConfig:
     x: dict[str, float] = field(default_factory=lambda: dict.fromkeys(names(6), 0.5))
 
 
-def hydratrain_default(ledger: Ledger, seed: int) -> None:
-    """The default study of this sweeper, seeded, on `ledger`'s benchmark."""
+# This sweeper's options measured beside its default (`--optimizers hydratrain-<name>`): the
+# overrides each adds to the default study, to decide a default from the suite.
+VARIANTS: dict[str, list[str]] = {
+    "default": [],
+    "rung5": ["+hpo.pruner_args={min_resource:5}"],  # the first rung at the first report
+    "bootstrap0": ["+hpo.pruner_args={bootstrap_count:0}"],  # Optuna's own
+    "hyperband": ["+hpo.pruner=hyperband"],  # brackets from 5 to 100
+    "asha": ["+hpo.pruner=asha"],  # pausing, promoted
+    "multivariate": ["+hpo.sampler_args={multivariate:true}"],  # Optuna 5's TPE default
+}
+
+
+def hydratrain(variant: str) -> Callable[[Ledger, int], None]:
+    """This sweeper's study with `VARIANTS[variant]`'s overrides."""
+    extra = VARIANTS[variant]
+
+    def run(ledger: Ledger, seed: int) -> None:
+        _study(ledger, seed, extra)
+
+    return run
+
+
+def _study(ledger: Ledger, seed: int, extra: list[str]) -> None:
+    """The study of this sweeper, seeded, on `ledger`'s benchmark."""
     with tempfile.TemporaryDirectory(prefix="bench-mf-sweep-") as tmp, _running(ledger):
         space = [f"x.{n}=interval(0.0,1.0)" for n in names(ledger.bench.dims)]
         _multirun(
@@ -52,6 +74,7 @@ def hydratrain_default(ledger: Ledger, seed: int) -> None:
                 f"+hpo.storage={tmp}/study.journal",
                 "+hpo.tensorboard=false",
                 *space,
+                *extra,
             ]
         )
 
