@@ -25,7 +25,7 @@ from tests.own_sweep import sweep_own_app
 
 pytestmark = pytest.mark.integration
 
-STEPS, EVERY, WORTH = 100, 5, 6  # the app: its fidelity every 5 steps up to 100
+STEPS, EVERY, WORTH = 100, 5, 4  # the app: its fidelity every 5 steps up to 100
 
 
 def _study(runner, tmp_path: Path, *extra: str) -> optuna.Study:

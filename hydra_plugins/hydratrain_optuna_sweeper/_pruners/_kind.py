@@ -115,7 +115,8 @@ class PrunerKind:
 
     - `name`: what hpo.pruner calls it (the module is `_<name>.py`).
     - `build(args, schedule)`: the Optuna pruner, from hpo.pruner_args over `defaults` and the
-      study's evaluation schedule (None where the job's config has none).
+      study's evaluation schedule (where the job's config declares none: the one the study
+      learns, `_learned.py`; None where hpo.pruner_args place the rungs before then).
     - `defaults(schedule, args)` [none]: the arguments it takes from the schedule where
       hpo.pruner_args does not set them (a first rung at an evaluation step, warm-up steps).
     - `budget_defaults(worth, schedule)` [none]: the arguments it takes from the study's budget:
