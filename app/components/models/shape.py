@@ -1,4 +1,4 @@
-"""What a built model is, for the FLOPs formula, and how it runs (compiled or not)."""
+"""What a built model is, for the FLOPs formula."""
 
 from __future__ import annotations
 
@@ -7,9 +7,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
-
-    from app.components.hardware.config import GpuConfig
-    from app.components.models.config import ModelConfig
 
 
 @dataclass
@@ -37,16 +34,3 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
         n += p.numel()
     n_head = config.num_attention_heads
     return ModelShape(n, config.num_hidden_layers, n_head, config.hidden_size // n_head)
-
-
-def compiles(m: ModelConfig, preset: GpuConfig) -> bool:
-    """model.compile, or the card's default when it is null."""
-    return bool(preset.compile if m.compile is None else m.compile)
-
-
-def maybe_compile(model: torch.nn.Module, m: ModelConfig, preset: GpuConfig) -> torch.nn.Module:
-    if not compiles(m, preset):
-        return model
-    import torch
-
-    return torch.compile(model, mode=m.compile_mode)  # type: ignore[return-value]

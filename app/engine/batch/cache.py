@@ -25,8 +25,8 @@ from typing import TypedDict
 import torch
 
 from app.components.hardware.memory import host_memory_bytes
+from app.components.models.compiling import compiles
 from app.components.models.config import ModelConfig
-from app.components.models.shape import compiles
 from app.components.optim import OPTIMIZERS
 from app.components.tasks.base import Task
 from app.config.budget import TrainBudget

@@ -30,7 +30,7 @@ import torch
 
 from app.components.hardware.devices import DeviceInfo
 from app.components.hardware.memory import host_memory_bytes
-from app.components.models.shape import compiles, maybe_compile
+from app.components.models.compiling import compiles, maybe_compile
 from app.components.optim import OPTIMIZERS
 from app.components.schedule import build_scheduler
 from app.components.tasks.base import TaskData, move

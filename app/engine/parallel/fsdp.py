@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from app.components.hardware.precision import PrecisionPlan
+from app.components.models.compiling import compiles
 from app.components.models.config import ModelConfig
-from app.components.models.shape import compiles
 from app.config.training import FsdpConfig
 from app.core.errors import ConfigError
 from app.engine.run import Machine

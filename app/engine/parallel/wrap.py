@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from app.components.models.shape import maybe_compile
+from app.components.models.compiling import maybe_compile
 from app.config.schema import TrainConfig
 from app.engine.comms.agreement import Agreement
 from app.engine.comms.distributed import DistInfo, wrap_ddp
