@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from app.components.hardware.devices import DeviceInfo, cap_process_memory
 from app.components.hardware.sharing import SharedGpu, shared_gpu
-from app.engine.batch.search import MemoryMeter
+from app.engine.batch.memory import MemoryMeter
 from app.engine.records.summary import Summary
 from hydra_plugins.hydratrain_optuna_sweeper._errors import SweepConfigError
 from hydra_plugins.hydratrain_optuna_sweeper._fleet._gpu_share import (

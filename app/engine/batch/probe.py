@@ -50,7 +50,8 @@ from app.engine.batch.cache import (
     record_oom,
 )
 from app.engine.batch.choice import agree_across_ranks, candidate_rows, choose, memory_limit
-from app.engine.batch.search import MemoryMeter, Probe
+from app.engine.batch.memory import MemoryMeter
+from app.engine.batch.search import Probe
 from app.engine.batch_plan import BatchPlan, fixed_plan
 from app.engine.comms.distributed import DistInfo, agree_all
 from app.engine.records.batch import ProbeReport

@@ -21,21 +21,19 @@ import contextlib
 import gc
 import logging
 import math
-import resource
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
-from app.components.hardware.devices import DeviceInfo
-from app.components.hardware.memory import host_memory_bytes
 from app.components.models.compiling import compiles, maybe_compile
 from app.components.optim import OPTIMIZERS
 from app.components.schedule import build_scheduler
 from app.components.tasks.base import TaskData, move
 from app.engine.batch.cache import ProbeSetup, Trial, Trials, failed, fits_below_failure
 from app.engine.batch.choice import split_candidates
+from app.engine.batch.memory import MemoryMeter
 from app.engine.batch_plan import EVAL_FACTOR, BatchPlan
 from app.engine.comms.agreement import AgreedOOM, Agreement
 from app.engine.comms.distributed import DistInfo, agree_all, host_buffer, without_autograd
@@ -305,56 +303,3 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-class MemoryMeter:
-    """Peak memory of one candidate as a fraction of the device's (CPU: the system's) total, or
-    of the cap gpu.memory_limit_gib sets."""
-
-    def __init__(self, device: DeviceInfo) -> None:
-        self.device = device.torch_device
-        if self.device.type == "cuda":
-            free, card = torch.cuda.mem_get_info(self.device)
-            # Memory other processes (and other allocators) hold counts against the margin too.
-            others = card - free - torch.cuda.memory_reserved(self.device)
-            # gpu.memory_limit_gib: this process's share of a GPU that trials share. What the
-            # others hold within the rest of the card is theirs; only more than that counts.
-            limit = device.memory_limit_bytes
-            self.total = card if limit is None else limit
-            self.elsewhere = max(0, others - (card - self.total))
-        else:
-            self.total = host_memory_bytes()
-            self.elsewhere = 0
-
-    def reset(self) -> None:
-        if self.device.type == "cuda":
-            gc.collect()  # so the cached blocks of dead tensors can be returned
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            reset_host_peak()
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def peak_fraction(self) -> float:
-        if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_reserved(self.device)
-        else:
-            peak = host_peak_bytes()
-        return (self.elsewhere + peak) / self.total
-
-
-def reset_host_peak() -> None:
-    # Linux: writing 5 resets this process's peak RSS (VmHWM); elsewhere it stays cumulative.
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def host_peak_bytes() -> int:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
