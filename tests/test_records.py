@@ -15,8 +15,7 @@ import pytest
 
 from app.engine.records.batch import BatchDetails, Candidate, OomRecord, ProbeReport
 from app.engine.records.summary import Summary
-from app.engine.report import probed_samples_per_sec
-from app.engine.runner import trial_attrs
+from app.engine.report import probed_samples_per_sec, trial_attrs
 from app.hpo import RUN_METRICS, TrialAttrs, objectives
 
 pytestmark = pytest.mark.unit

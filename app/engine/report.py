@@ -18,6 +18,7 @@ from app.engine.parallel.rank_memory import expected_state_bytes, memory_line, w
 from app.engine.records.summary import Summary
 from app.engine.records.telemetry import mfu, peak_memory_bytes, write_json_atomic
 from app.engine.run import Machine, Run
+from app.hpo import TrialAttrs
 
 log = logging.getLogger(__name__)
 
@@ -186,3 +187,23 @@ def probed_samples_per_sec(summary: Summary) -> float | None:
     share = math.ceil((summary.effective_batch_size or 0) / max(summary.world_size, 1))
     fastest = probe.fastest_fitting(share)
     return None if fastest is None else fastest * summary.world_size
+
+
+def trial_attrs(summary: Summary) -> TrialAttrs:
+    """What the run attaches to its trial (app.hpo.TrialAttrs), from its summary."""
+    return TrialAttrs(
+        micro_batch_size=summary.micro_batch_size,
+        grad_accum_steps=summary.grad_accum_steps,
+        batch_source=summary.batch_source,
+        effective_batch_size=summary.effective_batch_size,
+        lr=summary.lr,
+        samples_seen=summary.samples_seen,
+        noise_scale=summary.noise_scale,
+        batch_schedule=summary.batch_schedule,
+        probe_samples_per_sec=summary.probe_samples_per_sec,
+        peak_memory_bytes=summary.largest_peak_bytes,
+        tokens_per_sec=summary.tokens_per_sec,
+        device_seconds=summary.device_seconds,
+        run_dir=summary.run_dir,
+        status=summary.status,
+    )

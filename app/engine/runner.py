@@ -47,6 +47,7 @@ from app.engine.report import (
     describe_run,
     print_banner,
     summarize_run,
+    trial_attrs,
     write_summary,
 )
 from app.engine.run import Machine, ModelFacts, Observers, Run
@@ -56,7 +57,7 @@ from app.engine.start_checks import AlreadyComplete, check_start, model_identity
 from app.engine.step_data import StepsFrom
 from app.engine.train.batch_growth import build_growth, resumed_budget
 from app.engine.train.loop import train
-from app.hpo import TrialAttrs, build_reporter
+from app.hpo import build_reporter
 
 
 def run_training(
@@ -375,22 +376,3 @@ def finish(
         gc.collect()
         torch.cuda.empty_cache()
     shutdown(dist)
-
-
-def trial_attrs(summary: Summary) -> TrialAttrs:
-    return TrialAttrs(
-        micro_batch_size=summary.micro_batch_size,
-        grad_accum_steps=summary.grad_accum_steps,
-        batch_source=summary.batch_source,
-        effective_batch_size=summary.effective_batch_size,
-        lr=summary.lr,
-        samples_seen=summary.samples_seen,
-        noise_scale=summary.noise_scale,
-        batch_schedule=summary.batch_schedule,
-        probe_samples_per_sec=summary.probe_samples_per_sec,
-        peak_memory_bytes=summary.largest_peak_bytes,
-        tokens_per_sec=summary.tokens_per_sec,
-        device_seconds=summary.device_seconds,
-        run_dir=summary.run_dir,
-        status=summary.status,
-    )
