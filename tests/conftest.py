@@ -78,6 +78,22 @@ def cache_dir(shared_data_cache) -> Path:
     return shared_data_cache
 
 
+@pytest.fixture
+def dynamo_only(monkeypatch):
+    """torch.compile with dynamo's "eager" backend (model.compile_mode ignored): graphs are
+    captured, guarded and counted as with inductor, but none is compiled to code (inductor
+    starts a C++ compiler and its workers: programs, e2e only). Dynamo's caches are dropped
+    after the test, so no graph of it is reused by another."""
+    real = torch.compile
+
+    def compile_eagerly(model=None, *, mode=None, **kwargs):
+        return real(model, backend="eager", **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_eagerly)
+    yield
+    torch._dynamo.reset()
+
+
 def tiny(tmp_path: Path, *extra: str) -> list[str]:
     return [*TINY, f"data.cache_dir={tmp_path / 'cache'}", *extra]
 

@@ -31,10 +31,11 @@ def overrides(argv: list[str]) -> dict[str, str]:
     return dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
 
 
-def probe(micro: int) -> BatchDetails:
+def probe(micro: int, compiled: bool) -> BatchDetails:
     sizes = [1, 2, 4, 8, 16, 32, 64, 128]
     rows = [Candidate(m, fits=m <= micro, oom=m > micro, peak_fraction=0.014 * m) for m in sizes]
-    return BatchDetails(ProbeReport(2.5, 12, "largest", 0.92, rows, None))
+    confirm = {"confirm_seconds": 40.0, "graphs_compiled": 2} if compiled else {}
+    return BatchDetails(ProbeReport(2.5, 12, "largest", 0.92, rows, None, **confirm))
 
 
 def summary(run: str, o: dict[str, str]) -> Summary:
@@ -45,6 +46,7 @@ def summary(run: str, o: dict[str, str]) -> Summary:
     if run.startswith("injected"):
         micro = 4
     source = {"probed": "probed", "pressed": "reduced_after_oom", "forced": "reduced_after_oom"}
+    compiled = o.get("model.compile", "null") != "false"  # the card's preset compiles
     return Summary(
         status="completed",
         steps=int(o.get("training.max_steps", 300)),
@@ -60,7 +62,9 @@ def summary(run: str, o: dict[str, str]) -> Summary:
         effective_batch_size=effective,
         eval_micro_batch_size=8 if run == "injected-eval" else micro,
         batch_source=source.get(run, "cached" if "auto" in str(o) else "fixed"),
-        batch_details=probe(64),
+        batch_details=probe(64, compiled),
+        compiled_graphs=2 if compiled else None,
+        wall_time_s=60.0,
         initial_val={"loss": 5.5},
         final_val={"loss": 2.1, "accuracy": 0.4},
         tokens_per_sec=400_000.0,
@@ -194,6 +198,8 @@ def test_every_step_reads_what_a_run_on_a_card_writes(tmp_path, on_a_card, gpus)
     assert figures["hog GiB"] > 1 and figures["pressed: oom_count"] == 1
     assert figures["compile trainer MFU"] == pytest.approx(0.42)
     assert figures["log_every=1 step-time cost"] == 0.0
+    assert steps["probe"]["figures"]["compiled_graphs"] == 2  # the probe step compiles
+    assert steps["default_run"]["figures"]["probe share of the wall"] == pytest.approx(2.5 / 60)
     ddp = next(c for c in steps["scale"]["commands"] if c["label"] == "ddp")
     assert ddp["status"] == ("ok" if gpus == 2 else "skipped")
     goals = {c["name"]: c["ok"] for s in steps.values() for c in s["checks"] if c["goal"]}
@@ -202,5 +208,6 @@ def test_every_step_reads_what_a_run_on_a_card_writes(tmp_path, on_a_card, gpus)
         "compiled trainer at least the transformers Trainer's tokens/s": True,
         "compiled trainer at least the bare loop's tokens/s": False,  # 420k against 500k here
         "logging every step costs under 1%": True,
+        "the probe at most 10% of the run's wall": True,
         "adaptive batch: within_1pct_of_the_best_fixed_loss": True,
     }

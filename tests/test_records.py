@@ -41,14 +41,14 @@ def test_the_batch_details_are_typed_and_keep_summary_jsons_flat_keys():
     """The probe's report and the OOMs are one typed record (BatchDetails), written as the flat
     mapping summary.json has always held and read back as the same record."""
     rows = [Candidate(8, True, False, 0.4, 900.0), Candidate(16, False, True, None, None)]
-    probe = ProbeReport(1.5, 6, "largest", 0.9, rows, "cache.json")
+    probe = ProbeReport(1.5, 6, "largest", 0.9, rows, "cache.json", 40.5, 2)  # compiled
     ooms = OomRecord(count=2, alloc_retries=None, at_step=3, reduced_from=16)
     s = Summary(batch_details=BatchDetails(probe, ooms), effective_batch_size=32, world_size=2)
     flat = s.to_json()["batch_details"]
     assert isinstance(flat, dict)
     assert set(flat) == {
         "probe_seconds", "probe_steps", "chosen_by", "memory_limit_fraction", "candidates",
-        "cache", "oom_count", "oom_at_step", "reduced_from",
+        "cache", "confirm_seconds", "graphs_compiled", "oom_count", "oom_at_step", "reduced_from",
     }  # fmt: skip
     assert flat["candidates"] == [
         {"micro": 8, "fits": True, "oom": False, "peak_fraction": 0.4, "samples_per_sec": 900.0},

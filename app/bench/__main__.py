@@ -43,6 +43,7 @@ from app.bench.studies.warm_start import PAIRS as WARM_PAIRS
 from app.bench.studies.warm_start import run_warm_start_bench, warm_start_table
 from app.bench.throughput.micro import adamw_step_times, adamw_table, measure_startup, startup_table
 from app.bench.throughput.parallel import parallel_table, run_parallel_bench
+from app.bench.throughput.probe_share import probe_share_table, run_probe_share_bench
 from app.bench.throughput.profiles import CONTENDERS, PROFILES
 from app.bench.throughput.report import ablation_table, benchmark_table, machine_info
 from app.bench.throughput.schedule import run_ablations, run_benchmark
@@ -117,6 +118,10 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         partial.parent.mkdir(parents=True, exist_ok=True)
         choice = run_sampler_choice(args.overrides, _seeds(args), arms, kinds, partial)
         return {"machine": machine_info(), **choice}, sampler_choice_table(choice)
+    if args.probe_share:
+        checkout = Path(args.checkout).resolve() if args.checkout else None
+        share = run_probe_share_bench(args.overrides, args.rounds, checkout)
+        return {"machine": machine_info(), **share}, probe_share_table(share)
     if args.report:
         timed = run_report_bench(args.rounds)
         return {"machine": machine_info(), **timed}, report_bench_table(timed)
@@ -184,6 +189,7 @@ KINDS = {
     "default-study": "the default study against a grid, its unpruned self and the Trainer's study",
     "warm-start": "the default study warm-started from a related one, against the same cold",
     "batch-schedule": "the adaptive batch (training.batch_schedule=adaptive) vs fixed batches",
+    "probe-share": "the micro-batch probe's cost to a 100-step run, compiled and eager",
     "ablate": "time each speed-up option alone",
 }
 
@@ -260,6 +266,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(PEER_SAMPLERS),
         help="hpo-peers: comma-separated subset of " + ",".join(PEER_SAMPLERS),
     )
+    p.add_argument("--checkout", help="probe-share: run this checkout's trainer (before/after)")
     p.add_argument("--json", help="where to write the JSON report")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one spec file
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every contender")

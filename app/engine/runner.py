@@ -16,6 +16,7 @@ from app.components.hardware.cuda_alloc import apply_expandable_segments
 from app.components.hardware.devices import DeviceInfo, detect_device, effective_preset
 from app.components.hardware.host_malloc import apply_host_malloc
 from app.components.hardware.precision import apply_precision_flags, resolve_precision
+from app.components.models.compiling import compiles, graphs_compiled
 from app.components.models.pretrained_dir import tokenizer_warning
 from app.components.models.shape import model_shape
 from app.components.optim import OPTIMIZERS
@@ -38,7 +39,7 @@ from app.engine.comms.peers import answering_peers, peer_timeout_s
 from app.engine.faults import FaultInjector
 from app.engine.parallel.fsdp import full_state_dict
 from app.engine.parallel.rank_memory import record_ranks
-from app.engine.parallel.wrap import agreement, forward_model, place
+from app.engine.parallel.wrap import agreement, compiled_forward, forward_model, place
 from app.engine.records.noise_scale import SMOOTHING, NoiseScale, check_plan
 from app.engine.records.summary import Summary
 from app.engine.records.telemetry import RunLogger, flops_per_token
@@ -84,6 +85,7 @@ def run_training(
         return already_complete(done, run_dir, config, dist.is_main, lambda: shutdown(dist))
     machine = resolve_machine(config, device, dist)
     state = ckpt.load_checkpoint(resume_from) if resume_from else None  # fail before work
+    graphs = graphs_compiled() if compiles(config.model, machine.preset) else None
     prepare_torch(machine, t.seed)
     if observers is None:
         observers = Observers(reporter=build_reporter(config.hpo, config))
@@ -98,6 +100,8 @@ def run_training(
         summary.status, summary.error = ended_by(exc)
         raise
     finally:
+        if graphs is not None:
+            summary.compiled_graphs = graphs_compiled() - graphs
         finish(run, summary, started, machine, observers)
     return summary
 
@@ -203,16 +207,16 @@ def build_run(
     whole = task.build_model(config.model, data)
     facts = model_facts(config, machine, task, whole)  # of the whole model (MFU), unsharded
     model = place(whole, config, machine)
-    budget = config.budget()
-    setup = probe_setup(config, machine, task, budget)
-    plan = choose_plan(setup, model, data)
-    optimizer = build_optimizer(config, model, budget)
-    budget, plan, start_step = at_resume(config, state, budget, plan)
+    compiled = compiled_forward(model, config.model, machine)  # the probe's graphs are the run's
+    setup = probe_setup(config, machine, task, config.budget())
+    plan = choose_plan(setup, model, data, compiled)
+    optimizer = build_optimizer(config, model, setup.budget)
+    budget, plan, start_step = at_resume(config, state, setup.budget, plan)
     lr_schedule, steps_from = LrSchedule(budget), StepsFrom(config, machine, data)
     if config.training.fixed_micro_batch is None and dist.is_main:
         observers.on_plan_change = oom_listener(setup, model)
     run = Run(
-        model=forward_model(model, config, machine),
+        model=forward_model(compiled, machine),
         raw_model=model,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, budget, lr_schedule),
@@ -334,11 +338,13 @@ def probe_setup(
     )
 
 
-def choose_plan(setup: ProbeSetup, model: torch.nn.Module, data: TaskData) -> BatchPlan:
+def choose_plan(
+    setup: ProbeSetup, model: torch.nn.Module, data: TaskData, compiled: torch.nn.Module
+) -> BatchPlan:
     t, dist = setup.training, setup.machine.dist
     fixed = t.fixed_micro_batch
     if fixed is None:
-        plan = auto_plan(setup, model, data)
+        plan = auto_plan(setup, model, data, compiled=compiled)
     else:
         plan = fixed_plan(t.effective_batch_size, fixed, dist.world_size, dist.rank)
     size = eval_micro_size(t.eval_micro_batch, plan.micro_batch_size)

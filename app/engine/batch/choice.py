@@ -9,6 +9,7 @@ split (32 samples at most 12 per micro-batch run as 11+11+10, so the plan says 1
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -65,6 +66,31 @@ def choose(
     best = max(timed.values())
     pick = max(m for m, sps in timed.items() if sps >= best * (1 - TIE))
     return fit_split(per_rank, pick), "throughput"
+
+
+@dataclass(frozen=True)
+class Chooser:
+    """The rule of one run's choice: its memory limit, the largest micro-batch it may pick, a
+    rank's share, by throughput or the largest; the same size on every rank."""
+
+    limit: float
+    largest: int
+    per_rank: int
+    throughput_aware: bool
+    dist: DistInfo
+    device: torch.device
+
+    def choose(self, trials: Trials) -> tuple[int, str]:
+        """(micro-batch, how it was chosen); raises TrainingOOM when not even 1 fits."""
+        t = self.throughput_aware
+        micro, chosen_by = choose(trials, self.limit, self.largest, self.per_rank, t)
+        return agree_across_ranks(micro, self.dist, self.device), chosen_by
+
+    def pick(self, trials: Trials) -> int | None:
+        """The micro-batch chosen, or None where none fits."""
+        if not fits_below_failure(trials, self.limit, self.largest)[0]:
+            return None
+        return self.choose(trials)[0]
 
 
 def candidate_rows(trials: Trials, limit: float) -> list[Candidate]:

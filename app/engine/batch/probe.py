@@ -1,10 +1,12 @@
 """`training.micro_batch_size=auto`: probe the largest micro-batch that trains, pick, cache.
 
 The probe runs the run's own code path (app/engine/train/step.py: forward, backward and the
-optimizer step, with the run's precision, compile setting and fault injection) plus one evaluation
-micro-batch per candidate, on full-length blocks: packed blocks are all seq_len + 1 tokens, so
-that is the worst case. Each candidate gets a warm-up step first (optimizer state, cudnn
-autotuning, compilation) and is judged on the step after it.
+optimizer step, with the run's precision and fault injection) plus one evaluation micro-batch
+per candidate, on full-length blocks: packed blocks are all seq_len + 1 tokens, so that is the
+worst case. Each candidate gets a warm-up step first (optimizer state, cudnn autotuning) and is
+judged on the step after it. With torch.compile on, the candidates run eagerly and the choice is
+then confirmed on the compiled module the run keeps (app/engine/batch/search.py: the run's two
+graphs compiled once, its compiled memory measured, a failure backed off from and cached).
 
 Search: 1, 2, 4, ... up to the cap, then a binary search between the last fit and the first
 failure. A candidate fails on an OOM or when its peak memory leaves less free than the safety
@@ -14,7 +16,8 @@ margin: on CUDA the peak reserved memory (plus what other processes use) over th
 The probe stops after `max_probe_steps` steps or `max_probe_seconds` and keeps the best known fit.
 
 Choice: with `throughput_aware`, the fitting sizes in the top half are timed (the split sizes
-this effective batch really uses) and the fastest in samples/s wins; near-ties go to the larger.
+this effective batch really uses) and the fastest in samples/s wins; near-ties go to the larger
+(eager speeds, compiled or not: the compiled confirmation's speed is not compared).
 The micro-batch is then trimmed to the largest size of its split: 32 samples at most 12 per
 micro-batch run as 11+11+10, so the plan says 11.
 
@@ -34,9 +37,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from app.components.models.compiling import compiles
 from app.components.tasks.base import TaskData
 from app.engine.batch.cache import (
     ProbeSetup,
@@ -49,21 +54,27 @@ from app.engine.batch.cache import (
     read_entry,
     record_oom,
 )
-from app.engine.batch.choice import agree_across_ranks, candidate_rows, choose, memory_limit
+from app.engine.batch.choice import Chooser, agree_across_ranks, candidate_rows, memory_limit
 from app.engine.batch.memory import MemoryMeter
-from app.engine.batch.search import Probe
+from app.engine.batch.search import Probe, ProbeCost
 from app.engine.batch_plan import BatchPlan, fixed_plan
 from app.engine.comms.distributed import DistInfo, agree_all
+from app.engine.parallel.wrap import compiled_forward
 from app.engine.records.batch import ProbeReport
 
 log = logging.getLogger(__name__)
 
 
 def auto_plan(
-    setup: ProbeSetup, model: torch.nn.Module, data: TaskData, meter: MemoryMeter | None = None
+    setup: ProbeSetup,
+    model: torch.nn.Module,
+    data: TaskData,
+    meter: MemoryMeter | None = None,
+    compiled: torch.nn.Module | None = None,
 ) -> BatchPlan:
     """The plan for micro_batch_size=auto: from the cache when it answers, else probed (with
-    `meter`, the memory reading; a test gives its own)."""
+    `meter`, the memory reading; a test gives its own). With compile on, `compiled` is the
+    module the run will train, whose graphs the probe compiles for it (None: made here)."""
     dist, device = setup.machine.dist, setup.machine.device
     t, ab = setup.training, setup.training.auto_batch
     fixed_plan(t.effective_batch_size, 1, dist.world_size, dist.rank)  # validates
@@ -73,41 +84,59 @@ def auto_plan(
     upper = max(1, min(per_rank, cap))
     # The noise scale compares two micro-batch sizes: at least two a step. Probed to the whole
     # share still, so the throughput found for this batch does not depend on it.
-    pick = max(1, min(upper, per_rank // 2)) if t.measures_noise else upper
+    largest = max(1, min(upper, per_rank // 2)) if t.measures_noise else upper
     # An adaptive batch is probed up to its largest share: the micro-batch grows with it
     reach = max(upper, min(math.ceil(t.batch_cap / dist.world_size), cap))
     limit = memory_limit(device, setup.machine.preset, ab)
+    chooser = Chooser(limit, largest, per_rank, ab.throughput_aware, dist, device.torch_device)
     key = cache_key(setup, model)
     path = cache_path(setup.cache_dir, key) if setup.cache_dir is not None else None
     entry = read_entry(path, key) if path else None
     hit = entry is not None and covers(entry, reach, limit)
     hit = agree_all(hit, dist)  # the ranks probe together: all use the cache, or none
     if hit and entry is not None:
-        trials, source, (seconds, steps) = entry["trials"], "cached", (0.0, 0)
+        trials, source, cost = entry["trials"], "cached", ProbeCost()
     else:
-        probe = Probe(setup, model, data, limit, meter)
-        trials = probe.run(reach, per_rank, throughput_aware=ab.throughput_aware)
-        source, (seconds, steps) = "probed", probe.cost()
+        probe = Probe(setup, model, data, limit, meter, to_confirm(setup, model, compiled))
+        trials = probe.run(reach, per_rank, ab.throughput_aware, chooser.pick)
+        source, cost = "probed", probe.cost()
         if path is not None and dist.is_main:
             merge_entry(path, key, trials, reach)
-    micro, chosen_by = choose(trials, limit, pick, per_rank, ab.throughput_aware)
-    micro = agree_across_ranks(micro, dist, device.torch_device)
+    micro, chosen_by = chooser.choose(trials)
     grows = t.batch_cap > t.effective_batch_size
     ceiling = growth_ceiling(trials, limit, reach, dist, device.torch_device) if grows else None
-    report = ProbeReport(
-        probe_seconds=seconds,
-        probe_steps=steps,
-        chosen_by=chosen_by,
-        memory_limit_fraction=limit,
-        candidates=candidate_rows(trials, limit),
-        cache=str(path) if path else None,
-    )
+    report = probe_report(cost, chosen_by, limit, trials, path)
     plan = BatchPlan(
         t.effective_batch_size, micro, dist.world_size, dist.rank, source, report,
         micro_ceiling=ceiling,
     )  # fmt: skip
     log.info("auto micro-batch: %s", plan.describe())
     return plan
+
+
+def to_confirm(
+    setup: ProbeSetup, model: torch.nn.Module, compiled: torch.nn.Module | None
+) -> torch.nn.Module | None:
+    """The compiled module the probe confirms its choice on (None: the run does not compile)."""
+    if not compiles(setup.model, setup.machine.preset):
+        return None
+    return compiled_forward(model, setup.model, setup.machine) if compiled is None else compiled
+
+
+def probe_report(
+    cost: ProbeCost, chosen_by: str, limit: float, trials: Trials, path: Path | None
+) -> ProbeReport:
+    confirmed = cost.confirmation
+    return ProbeReport(
+        probe_seconds=cost.seconds,
+        probe_steps=cost.steps,
+        chosen_by=chosen_by,
+        memory_limit_fraction=limit,
+        candidates=candidate_rows(trials, limit),
+        cache=str(path) if path else None,
+        confirm_seconds=None if confirmed is None else confirmed.seconds,
+        graphs_compiled=None if confirmed is None else confirmed.graphs,
+    )
 
 
 def growth_ceiling(
@@ -145,10 +174,16 @@ def describe(plan: BatchPlan) -> str | None:
     speed = " ".join(f"{r.micro}:{r.samples_per_sec:.0f}" for r in rows if r.samples_per_sec)
     peaks = [p for r in rows if r.fits and (p := r.peak_fraction) is not None]
     peak = f"{max(peaks):.2f}" if peaks else "?"
+    compiled = ""
+    if d.confirm_seconds is not None:
+        compiled = (
+            f"; confirmed compiled in {d.confirm_seconds:.1f}s "
+            f"({d.graphs_compiled} graphs, kept for the run)"
+        )
     return (
         f"{plan.source} in {d.probe_seconds:.1f}s / {d.probe_steps} steps; "
         f"fit [{fits}] failed [{fails}]; samples/s {speed or '-'}; peak memory {peak} "
-        f"(limit {d.memory_limit_fraction:.2f}); chosen by {d.chosen_by}"
+        f"(limit {d.memory_limit_fraction:.2f}); chosen by {d.chosen_by}{compiled}"
     )
 
 
@@ -165,4 +200,6 @@ def plan_scalars(plan: BatchPlan) -> dict[str, float]:
         out["batch/probe_seconds"] = d.probe_seconds
         out["batch/probe_steps"] = float(d.probe_steps)
         out["batch/candidates"] = float(len(d.candidates))
+        if d.confirm_seconds is not None:
+            out["batch/confirm_seconds"] = d.confirm_seconds
     return out

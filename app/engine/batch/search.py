@@ -1,18 +1,27 @@
 """The probe itself: train the run's own step on worst-case samples at growing micro-batches.
 
 1, 2, 4, ... up to the cap, then a binary search between the last fit and the first failure;
-each candidate gets a warm-up step first (optimizer state, cudnn autotuning, compilation) and is
-judged on the step after it, plus one evaluation micro-batch. The probe stops after
-`max_probe_steps` steps or `max_probe_seconds`. The model, its RNG and its gradients are
-restored afterwards, and the probe's optimizer is thrown away, so the run trains exactly as it
-would with the chosen micro-batch fixed.
+each candidate gets a warm-up step first (optimizer state, cudnn autotuning) and is judged on
+the step after it, plus one evaluation micro-batch. The probe stops after `max_probe_steps`
+steps or `max_probe_seconds`. The model, its RNG and its gradients are restored afterwards, and
+the probe's optimizer is thrown away, so the run trains exactly as it would with the chosen
+micro-batch fixed.
+
+With torch.compile on, the search runs eagerly (a graph per size tried would cost more than the
+search itself), and the chosen size is then confirmed once on the compiled module the run keeps
+(`Probe.confirm`): that compiles the run's training and evaluation graphs, which the run reuses
+(no reset: its first step compiles nothing), and measures the compiled step's memory, its
+first-step peak included. A confirmation that runs out of memory or over the limit is recorded
+like any candidate (and cached, so it sticks) and the next choice below it is confirmed in its
+place, on the same graphs: their batch dimension is dynamic (app/components/models/compiling.py).
 
 Under torchrun every rank probes at its own real memory and the ranks agree on each candidate's
 outcome (an OOM on any rank fails it, the highest peak and the lowest speed count) and on the
 budget, so they try the same sizes in the same order and cache the worst rank's results. Under
 DDP the probe trains the model without its DDP wrapper (no collective in a step); under FSDP it
 trains the sharded model, whose steps are collectives, with the OOM agreement at each phase
-boundary (app/engine/comms/agreement.py).
+boundary (app/engine/comms/agreement.py); its blocks, compiled in place, run eagerly in the
+search.
 """
 
 from __future__ import annotations
@@ -23,11 +32,12 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from app.components.models.compiling import compiles, maybe_compile
+from app.components.models.compiling import eager, graphs_compiled
 from app.components.optim import OPTIMIZERS
 from app.components.schedule import build_scheduler
 from app.components.tasks.base import TaskData, move
@@ -69,6 +79,29 @@ class ProbeAllowance:
         )
 
 
+@dataclass(frozen=True)
+class Confirmation:
+    """The compiled confirmation: its seconds (mostly compiling the run's graphs, which its first
+    step would pay otherwise), the graphs it compiled, the size it confirmed (None: none fit)."""
+
+    seconds: float
+    graphs: int
+    micro: int | None
+
+
+@dataclass(frozen=True)
+class ProbeCost:
+    """What probing took: the search's seconds, every probe step (the confirmation's too), and
+    the compiled confirmation (None: the run does not compile, or the plan was cached)."""
+
+    seconds: float = 0.0
+    steps: int = 0
+    confirmation: Confirmation | None = None
+
+
+Pick = Callable[[Trials], int | None]  # the size chosen from these trials (None: none fits)
+
+
 class Probe:
     def __init__(
         self,
@@ -77,7 +110,10 @@ class Probe:
         data: TaskData,
         limit: float,
         meter: MemoryMeter | None = None,
+        compiled: torch.nn.Module | None = None,
     ) -> None:
+        """`compiled`: the compiled module the run will train (FSDP: the model, its blocks
+        compiled), confirmed at the chosen size; None: the run does not compile."""
         ab = setup.training.auto_batch
         self.setup, self.model, self.data = setup, model, data
         self.device, self.limit = setup.machine.device, limit
@@ -85,27 +121,53 @@ class Probe:
         self.trials: Trials = {}
         self.last: tuple[int, float] | None = None  # (micro, seconds) of the last candidate
         self.meter = MemoryMeter(setup.machine.device) if meter is None else meter
+        self.compiled = compiled
+        self.searched: float | None = None  # the search's seconds
+        self.confirmation: Confirmation | None = None
 
-    def cost(self) -> tuple[float, int]:
-        """What probing took: seconds and steps."""
-        return self.budget.elapsed, self.budget.steps
+    def cost(self) -> ProbeCost:
+        searched = self.budget.elapsed if self.searched is None else self.searched
+        return ProbeCost(searched, self.budget.steps, self.confirmation)
 
-    def run(self, upper: int, per_rank: int, throughput_aware: bool) -> Trials:
+    def run(self, upper: int, per_rank: int, throughput_aware: bool, pick: Pick) -> Trials:
+        """Search eagerly; with `compiled`, confirm `pick`'s choice on it."""
         with preserved(self.model, self.device.torch_device):
             self.probe_run = self._probe_run()
             try:
-                self.search(upper)
-                if throughput_aware:
-                    # The split sizes of this batch's share (an adaptive batch searched beyond)
-                    self.time_top(per_rank, min(upper, per_rank))
+                with eager():  # every size uncompiled: no graph per size tried
+                    self.search(upper)
+                    if throughput_aware:
+                        # The split sizes of this batch's share (an adaptive batch searched beyond)
+                        self.time_top(per_rank, min(upper, per_rank))
+                self.searched = self.budget.elapsed
+                if self.compiled is not None:
+                    self.confirm(self.compiled, pick)
             finally:
                 del self.probe_run
-                if compiles(self.setup.model, self.setup.machine.preset):
-                    # Drop the probe's graphs: the many shapes it tried would otherwise leave the
-                    # run dynamic-shape graphs or past dynamo's recompile limit (eager fallback).
-                    torch._dynamo.reset()
         log.info("batch probe: %d steps in %.1fs", self.budget.steps, self.budget.elapsed)
         return self.trials
+
+    def confirm(self, compiled: torch.nn.Module, pick: Pick) -> None:
+        """The chosen size once more, on the compiled module: two training steps and an
+        evaluation micro-batch, which compile the run's two graphs and measure the compiled
+        step's memory (its first-step peak too). Its speed is left out: the choice compares
+        eager speeds. A size that fails is recorded like any and the next choice confirmed."""
+        self.probe_run.model = compiled
+        graphs, started, micro = graphs_compiled(), time.perf_counter(), None
+        try:
+            while (micro := pick(self.trials)) is not None:
+                trial = self._steps(micro, warmup=1, timed=1)
+                if self.lockstep:
+                    trial = agreed_trial(trial, self.setup.machine.dist)
+                trial.pop("samples_per_sec", None)
+                self.trials[micro] = {**self.trials.get(micro, {}), **trial}
+                if not failed(self.trials[micro], self.limit):
+                    break
+                log.info("batch probe: micro-batch %d failed once compiled: %s", micro, trial)
+        finally:
+            seconds = time.perf_counter() - started
+            self.confirmation = Confirmation(seconds, graphs_compiled() - graphs, micro)
+        log.info("batch probe: confirmed compiled in %.1fs: micro-batch %s", seconds, micro)
 
     @property
     def lockstep(self) -> bool:
@@ -117,10 +179,8 @@ class Probe:
         optimizer = OPTIMIZERS.get(s.training.optimizer).create(self.model, s.training)
         dist = s.machine.dist
         return Run(
-            # FSDP: the sharded model, its blocks compiled already; DDP: the model on its own.
-            model=self.model
-            if dist.sharded
-            else maybe_compile(self.model, s.model, s.machine.preset),
+            # The search's, uncompiled (FSDP: the sharded model; DDP: the model on its own).
+            model=self.model,
             raw_model=self.model,
             optimizer=optimizer,
             scheduler=build_scheduler(optimizer, s.budget),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from app.components.models.compiling import maybe_compile
+from app.components.models.config import ModelConfig
 from app.config.schema import TrainConfig
 from app.engine.comms.agreement import Agreement
 from app.engine.comms.distributed import DistInfo, wrap_ddp
@@ -22,11 +23,18 @@ def place(model: torch.nn.Module, config: TrainConfig, machine: Machine) -> torc
     return model.to(machine.torch_device)
 
 
-def forward_model(model: torch.nn.Module, config: TrainConfig, machine: Machine) -> torch.nn.Module:
-    """What runs forward: compiled and in DDP, or the FSDP model (its blocks compiled)."""
+def compiled_forward(model: torch.nn.Module, m: ModelConfig, machine: Machine) -> torch.nn.Module:
+    """What trains forward, before DDP: the model compiled once for the probe and the run, or
+    the model itself (FSDP: its blocks compiled in place; compile off: plain)."""
     if machine.dist.sharded:
         return model
-    compiled = maybe_compile(model, config.model, machine.preset)
+    return maybe_compile(model, m, machine.preset)
+
+
+def forward_model(compiled: torch.nn.Module, machine: Machine) -> torch.nn.Module:
+    """What runs forward: `compiled_forward`'s module, in DDP under torchrun."""
+    if machine.dist.sharded:
+        return compiled
     return wrap_ddp(compiled, machine.dist, machine.torch_device)
 
 

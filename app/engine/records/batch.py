@@ -31,7 +31,11 @@ class Candidate:
 @dataclass(frozen=True)
 class ProbeReport:
     """How training.micro_batch_size=auto chose: what probing cost (0 from the cache), the
-    sizes tried, the memory limit they were held to, the rule that chose, the cache file."""
+    sizes tried, the memory limit they were held to, the rule that chose, the cache file. With
+    torch.compile on, the compiled confirmation of the chosen size: its seconds (mostly
+    compiling the graphs the run keeps, which its first step would pay otherwise, so not in
+    probe_seconds) and the graphs it compiled; None when the run does not compile or the plan
+    came from the cache."""
 
     probe_seconds: float
     probe_steps: int
@@ -39,6 +43,8 @@ class ProbeReport:
     memory_limit_fraction: float
     candidates: list[Candidate]
     cache: str | None
+    confirm_seconds: float | None = None
+    graphs_compiled: int | None = None
 
     def fastest_fitting(self, largest: int) -> float | None:
         """The best samples/s of a micro-batch that fits and is at most `largest`."""
@@ -103,6 +109,8 @@ class BatchDetails:
                 memory_limit_fraction=float(data.get("memory_limit_fraction") or 0.0),
                 candidates=rows,
                 cache=data.get("cache"),
+                confirm_seconds=data.get("confirm_seconds"),  # absent before compiled probes
+                graphs_compiled=data.get("graphs_compiled"),
             )
         ooms = OomRecord(**{n: data[k] for n, k in _OOM_KEYS.items() if k in data})
         return cls(probe, ooms)

@@ -108,6 +108,9 @@ class Summary:
     # rank's share, times the ranks (the batch-size study's throughput per batch)
     probe_samples_per_sec: float | None = field(default=None, metadata=OPTIONAL)
     wall_time_s: float | None = None
+    # With torch.compile on: the graphs dynamo compiled in this run, the probe's included
+    # (app/components/models/compiling.py: one for training and one for evaluation)
+    compiled_graphs: int | None = field(default=None, metadata=OPTIONAL)
     # What the run cost: (train_time_s + eval_time_s) x world_size; hpo.budget_s sums it
     device_seconds: float | None = None
     export_dir: str | None = field(default=None, metadata=OPTIONAL)

@@ -9,7 +9,17 @@ from pathlib import Path
 from app.engine.records.summary import Summary
 from app.gpu_suite import readers
 from app.gpu_suite.context import StepContext
-from app.gpu_suite.steps.common import TINY, completed, log_of, loss_fell, run_figures, train
+from app.gpu_suite.steps.common import (
+    TINY,
+    completed,
+    log_of,
+    loss_fell,
+    probe_figures,
+    run_figures,
+    train,
+)
+
+PROBE_SHARE_GOAL = 0.10  # of the default run's wall on a card, the probe's seconds at most
 
 
 def gpu_test_files(repo: Path) -> list[str]:
@@ -48,9 +58,14 @@ def default_run(ctx: StepContext) -> None:
     with ctx.reading("the run"):
         s = readers.summary(ctx.dir / "run")
         run_figures(ctx, s)
+        share = probe_figures(ctx, s)
         completed(ctx, s, "run")
         loss_fell(ctx, s, "run")
         banner_checks(ctx, s, readers.printed(log_of(ctx, "train")))
+        if not ctx.dry:
+            what = f"the probe at most {PROBE_SHARE_GOAL:.0%} of the run's wall"
+            ok = share is not None and share <= PROBE_SHARE_GOAL
+            ctx.check(what, ok, f"{share}", goal=True)
 
 
 def banner_checks(ctx: StepContext, s: Summary, printed: list[str]) -> None:

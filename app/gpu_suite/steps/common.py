@@ -37,6 +37,10 @@ LEAN: Overrides = {"training.checkpoint_every": 0, "training.export": "false"}
 # only the default run (step 2) and the bench's compiled variant (step 3) pay it. The others
 # measure what does not depend on it (memory of a micro-batch, recovery, precision, logging).
 EAGER: Overrides = {"model.compile": "false"}
+# The preset's own compile setting: on for every card's, off for the CPU's (the dry run's).
+PRESET_COMPILE: Overrides = {"model.compile": "null"}
+# With compile on, the probe and the run together compile a graph to train and one to evaluate
+MAX_GRAPHS = 2
 # GPT-2 small (124M) on random tokens at 1024 positions, the card's precision.
 GPT2: Overrides = {
     "gpu": "auto",
@@ -104,6 +108,24 @@ def run_figures(ctx: StepContext, s: Summary, prefix: str = "") -> None:
             ctx.figure(prefix + key, value)
     if s.peak_memory_bytes:
         ctx.figure(prefix + "peak_memory_gib", round(s.peak_memory_bytes / 2**30, 2))
+
+
+def probe_figures(ctx: StepContext, s: Summary) -> float | None:
+    """What choosing the micro-batch cost the run (its search's seconds and steps, its compiled
+    confirmation's seconds and graphs, the graphs of the whole run, the probe's share of the
+    run's wall), with the compiled graphs checked; returns that share (None: not probed)."""
+    probe = s.batch_details.probe
+    if probe is None:
+        return None
+    for key in ("probe_seconds", "probe_steps", "chosen_by", "confirm_seconds", "graphs_compiled"):
+        ctx.figure(key, getattr(probe, key))
+    ctx.figure("compiled_graphs", s.compiled_graphs)
+    share = probe.probe_seconds / s.wall_time_s if s.wall_time_s else None
+    ctx.figure("probe share of the wall", share)
+    if s.compiled_graphs is not None:
+        few = s.compiled_graphs <= MAX_GRAPHS
+        ctx.check(f"compiled: probe and run at most {MAX_GRAPHS} graphs", few, s.compiled_graphs)
+    return share
 
 
 def completed(ctx: StepContext, s: Summary, what: str) -> bool:
