@@ -12,11 +12,13 @@ import json
 import pytest
 import torch
 
+from app.config.phases import BatchPhases
 from app.engine.batch.probe import auto_plan
 from app.engine.runner import run_training
 from tests import procs
-from tests.conftest import AUTO_TINY
+from tests.conftest import AUTO_TINY, config, tiny
 from tests.fakes import RecordingLM
+from tests.test_adaptive_batch import ADAPTIVE
 from tests.test_autobatch import parts, tiny_cfg
 
 pytestmark = pytest.mark.integration
@@ -37,10 +39,28 @@ def test_the_probe_and_the_run_compile_two_graphs_together(cache_dir, tmp_path, 
     summary = run_training(tiny_cfg(cache_dir, *UNEVEN), tmp_path / "run")
     assert summary.status == "completed"
     assert summary.micro_batch_sizes == [11, 11, 10] and summary.eval_micro_batch_size == 11
+    assert summary.compiled_graphs == 2  # the probe's and the run's together
+    # ... all of them the probe's: the run's first step trains the graphs the probe compiled.
     probe = summary.batch_details.probe
     assert probe is not None and probe.graphs_compiled == 2 and probe.confirm_seconds > 0
-    # The run's first step compiles nothing: it trains the graphs the probe compiled.
-    assert summary.compiled_graphs == 2
+
+
+def test_an_adaptive_batch_grows_its_micro_batch_on_the_same_two_graphs(tmp_path, dynamo_only):
+    """Batch 4 -> 8 -> 16, micro-batch half of it (the noise scale wants two) up to 8: each
+    growth is a new batch size for the compiled module, and none compiles again."""
+    grows = [
+        "training.auto_batch.cpu_max_micro_batch=8",
+        "training.auto_batch.throughput_aware=false",
+    ]
+    args = tiny(tmp_path, *ADAPTIVE, *UNEVEN[:2], *grows)
+    summary = run_training(config(args), tmp_path / "run")
+    assert [p.batch for p in BatchPhases.from_json(summary.batch_schedule or []).phases] == [
+        4,
+        8,
+        16,
+    ]
+    assert summary.micro_batch_sizes == [8, 8]  # grown from 2
+    assert summary.batch_details.probe.graphs_compiled == summary.compiled_graphs == 2
 
 
 class HeavierCompiled(RecordingLM):

@@ -34,8 +34,8 @@ TINY: Overrides = {
 # Nothing the report reads is in the checkpoints or the exported model: skip what can be.
 LEAN: Overrides = {"training.checkpoint_every": 0, "training.export": "false"}
 # The GPU presets compile by default, and a compile costs a minute per shape and precision:
-# only the default run (step 2) and the bench's compiled variant (step 3) pay it. The others
-# measure what does not depend on it (memory of a micro-batch, recovery, precision, logging).
+# only the default run (step 2), the bench's compiled variant (step 3) and the probe (step 4) pay
+# it. The others measure what does not depend on it (recovery, precision, logging).
 EAGER: Overrides = {"model.compile": "false"}
 # The preset's own compile setting: on for every card's, off for the CPU's (the dry run's).
 PRESET_COMPILE: Overrides = {"model.compile": "null"}
