@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from app.cli.export import EXPORT_FILES, EXPORT_MARKER
+from app.components.models.config import ModelConfig
 from app.engine.records.summary import Summary
 from app.engine.runner import run_training
 from app.engine.saving import checkpoint as ckpt
@@ -387,12 +388,16 @@ def _tiny_model():
     )
 
 
+# What _tiny_model is built from, as write_export takes it (the standard parametrization)
+TINY_MODEL = ModelConfig(name="tiny", n_layer=1, n_head=2, n_embd=8, max_position_embeddings=16)
+
+
 def test_a_failed_export_leaves_the_old_one_whole_and_no_temporaries(tmp_path, monkeypatch):
     from app.cli.export import write_export
     from app.components.data.lm.hf_tokenizer import byte_tokenizer
 
     out = tmp_path / "model"
-    write_export(_tiny_model(), byte_tokenizer(), out)
+    write_export(_tiny_model(), byte_tokenizer(), out, TINY_MODEL)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     tok = byte_tokenizer()
@@ -402,7 +407,7 @@ def test_a_failed_export_leaves_the_old_one_whole_and_no_temporaries(tmp_path, m
 
     monkeypatch.setattr(tok, "save_pretrained", full_disk)
     with pytest.raises(OSError):
-        write_export(_tiny_model(), tok, out)
+        write_export(_tiny_model(), tok, out, TINY_MODEL)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
@@ -412,10 +417,10 @@ def test_a_new_export_replaces_the_old_and_clears_a_killed_ones_leftovers(tmp_pa
     from app.components.data.lm.hf_tokenizer import byte_tokenizer
 
     out = tmp_path / "model"
-    write_export(_tiny_model(), byte_tokenizer(), out)
+    write_export(_tiny_model(), byte_tokenizer(), out, TINY_MODEL)
     (out / "stray.txt").write_text("from the old export")
     (tmp_path / ".model.dead.tmp").mkdir()  # a kill between writing and renaming
-    write_export(_tiny_model(), byte_tokenizer(), out)
+    write_export(_tiny_model(), byte_tokenizer(), out, TINY_MODEL)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
     # What every supported transformers writes, and nothing an export does not own (before
     # transformers 5 the tokenizer adds special_tokens_map.json).

@@ -52,7 +52,7 @@ def export_checkpoint(source: Path, out: Path | None = None) -> tuple[Path, Path
     settings = run_settings(checkpoint, state)
     model, tokenizer = rebuild(settings, checkpoint, state)
     try:
-        write_export(model, tokenizer, target)
+        write_export(model, tokenizer, target, settings.model)
     except OSError as exc:
         raise ExportError(f"cannot write {target} ({exc.strerror or first_line(exc)})") from None
     return target, checkpoint, int(state.step)

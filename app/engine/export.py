@@ -13,6 +13,7 @@ export is complete or absent, and one it replaces stays whole until the new one 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
     from app.components.data.config import DataConfig
+    from app.components.models.config import ModelConfig
     from app.components.tasks.base import Task
 
 EXPORT_DIR = "model"
@@ -67,12 +69,19 @@ def write_export(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase | None,
     out: Path,
+    m: ModelConfig,
     weights: Mapping[str, object] | None = None,
 ) -> Path:
-    """Write `model` (unwrapped: no DDP, no torch.compile) and `tokenizer` to `out`; `weights`:
-    the whole model's state when `model` holds only a shard of it (FSDP)."""
-    hf = transformers_model(model)
-    return write_dir(Path(out), lambda tmp: save_files(hf, tokenizer, tmp, weights))
+    """Write `model` (unwrapped: no DDP, no torch.compile), built from `m`, and `tokenizer` to
+    `out`; `weights`: the whole model's state when `model` holds only a shard of it (FSDP).
+    A μP model is written as the standard model it computes (its multipliers folded in)."""
+    from app.components.models.families import mup_rules
+    from app.components.models.mup.fold import export_record, exported_weights
+
+    hf, rules = transformers_model(model), mup_rules(m)
+    state = weights if rules is None else exported_weights(hf, m, rules, weights)
+    marker = {"written_by": "hydratrain", "trained_under": export_record(m)}
+    return write_dir(Path(out), lambda tmp: save_files(hf, tokenizer, tmp, state, marker))
 
 
 def transformers_model(model: torch.nn.Module) -> PreTrainedModel:
@@ -106,6 +115,7 @@ def save_files(
     tokenizer: PreTrainedTokenizerBase | None,
     directory: Path,
     weights: Mapping[str, object] | None = None,
+    marker: Mapping[str, object] | None = None,
 ) -> None:
     from app.components.models.pretrained_dir import position_limit
 
@@ -126,7 +136,8 @@ def save_files(
             tokenizer.model_max_length = before
     if generates:
         generation_config(model, tokenizer).save_pretrained(directory)
-    (directory / EXPORT_MARKER).write_text('{"written_by": "hydratrain"}\n')
+    record = {"written_by": "hydratrain"} if marker is None else marker
+    (directory / EXPORT_MARKER).write_text(json.dumps(record) + "\n")
 
 
 def generation_config(
@@ -197,6 +208,7 @@ def export_run(
     model: torch.nn.Module,
     task: Task,
     data: DataConfig,
+    m: ModelConfig,
     run_dir: Path,
     weights: Mapping[str, object] | None = None,
 ) -> Path:
@@ -206,7 +218,7 @@ def export_run(
 
     out = run_dir / EXPORT_DIR
     try:
-        return write_export(model, task.export_tokenizer(data), out, weights)
+        return write_export(model, task.export_tokenizer(data), out, m, weights)
     except (OSError, RuntimeError) as exc:  # torch/safetensors report a full disk variously
         raise WriteFailed(
             f"could not write the export {out} ({first_line(exc)}); the checkpoints are intact: "

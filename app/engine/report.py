@@ -7,6 +7,8 @@ import logging
 import math
 from pathlib import Path
 
+from app.components.models.families import mup_rules
+from app.components.models.mup import widths
 from app.components.optim import OPTIMIZERS
 from app.components.tracking import tracked_config
 from app.config.budget import BudgetUnit
@@ -70,6 +72,23 @@ def lr_line(run: Run, config: TrainConfig) -> str:
     )
 
 
+def mup_line(config: TrainConfig) -> str | None:
+    """What μP does at this width, once (None: the standard parametrization)."""
+    m = config.model
+    rules = mup_rules(m)
+    if rules is None:
+        return None
+    w = widths(m, rules)
+    optimizer = OPTIMIZERS.get(config.training.optimizer)
+    rate = w.mult**optimizer.mup_exponent
+    return (
+        f"width {w.width} = {w.mult:g} x base {w.base} (model.mup.base_width): hidden matrices' "
+        f"init std / {w.mult**0.5:.3g}, lr / {rate:.3g} and weight decay x {rate:.3g} "
+        f"({optimizer.label}), logits x {m.mup.output_mult / w.mult:.3g}, attention scores x "
+        f"{m.mup.attn_mult:g}/d_head"
+    )
+
+
 def record_plan(summary: Summary, plan: BatchPlan) -> None:
     summary.micro_batch_size = plan.micro_batch_size
     summary.micro_batch_sizes = plan.micro_sizes
@@ -107,6 +126,7 @@ def print_banner(summary: Summary, run: Run, machine: Machine, config: TrainConf
         memory_line(summary.model_state_bytes, whole_model_bytes(run.raw_model), run.dist),
         f"budget     {run.budget.describe()}",
         lr_line(run, config),
+        *([f"mup        {how}"] if (how := mup_line(config)) else []),
         eval_line(run),
         f"steps      {run.start_step} -> {run.budget.max_steps}; run dir {run.run_dir}",
     ]

@@ -17,6 +17,7 @@ from app.components.hardware.devices import DeviceInfo, detect_device, effective
 from app.components.hardware.host_malloc import apply_host_malloc
 from app.components.hardware.precision import apply_precision_flags, resolve_precision
 from app.components.models.compiling import compiles, graphs_compiled
+from app.components.models.families import mup_hidden
 from app.components.models.pretrained_dir import tokenizer_warning
 from app.components.models.shape import model_shape
 from app.components.optim import OPTIMIZERS
@@ -170,7 +171,7 @@ def export(
     from app.engine.export import export_run
 
     # Plain weights: the module inside DDP and torch.compile, or FSDP's gathered state.
-    return export_run(run.raw_model, run.task, config.data, run_dir, weights)
+    return export_run(run.raw_model, run.task, config.data, config.model, run_dir, weights)
 
 
 def already_complete(
@@ -257,9 +258,11 @@ def noise_scale(config: TrainConfig, plan: BatchPlan, device: torch.device) -> N
 def build_optimizer(
     config: TrainConfig, model: torch.nn.Module, budget: TrainBudget
 ) -> torch.optim.Optimizer:
-    """training.optimizer at the rate lr_scaling gives the run's first batch."""
+    """training.optimizer at the rate lr_scaling gives the run's first batch (under μP, the
+    hidden matrices' groups at theirs)."""
     at_batch = dataclasses.replace(config.training, lr=budget.lr)
-    return OPTIMIZERS.get(config.training.optimizer).create(model, at_batch)
+    hidden = mup_hidden(model, config.model)
+    return OPTIMIZERS.get(config.training.optimizer).create(model, at_batch, hidden)
 
 
 def at_resume(

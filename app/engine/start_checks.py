@@ -39,8 +39,12 @@ WEIGHTS_AND_GRADS_BYTES_PER_PARAM = 8  # fp32 weights and gradients; the optimiz
 # What a checkpoint must agree on with the run that resumes it, around its model family's
 # own shape (ModelFamily.shape_keys).
 TOKENIZER_KEYS = ("data.tokenizer", "data.tokenizer_vocab_size")
+# How the width shapes the model (μP: its init scale, multipliers and rates per group): a
+# checkpoint resumes only under the parametrization it was trained with.
+PARAMETRIZATION_KEYS = ("model.parametrization",)
+MUP_KEYS = ("model.mup.base_width", "model.mup.output_mult", "model.mup.attn_mult")
 # What a checkpoint written before a key existed was trained with.
-SHAPE_DEFAULTS = {"task.name": "causal_lm"}
+SHAPE_DEFAULTS = {"task.name": "causal_lm", "model.parametrization": "standard"}
 
 
 class AlreadyComplete(Exception):
@@ -222,8 +226,11 @@ def check_resume_matches(
 
 
 def shape_keys(config: TrainConfig) -> tuple[str, ...]:
-    """The task, the model family's shape and the tokenizer: what fixes the model's tensors."""
-    return ("task.name", *MODELS.get(config.model.arch).shape_keys(), *TOKENIZER_KEYS)
+    """The task, the model family's shape, its parametrization and the tokenizer: what fixes
+    the model's tensors and what they mean."""
+    mup = MUP_KEYS if config.model.parametrization == "mup" else ()
+    family = MODELS.get(config.model.arch).shape_keys()
+    return ("task.name", *family, *PARAMETRIZATION_KEYS, *mup, *TOKENIZER_KEYS)
 
 
 def check_resume_batch(

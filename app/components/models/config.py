@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
 from app.core.errors import ConfigError
-from app.core.fields import fraction, one_of, positive_int
+from app.core.fields import bounded, fraction, one_of, positive_int
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# How the width shapes initialization, learning rates and multipliers (docs/training.md, "μP")
+PARAMETRIZATIONS = ("standard", "mup")
+
+
+@dataclass
+class MupConfig:
+    """model.mup: what model.parametrization=mup reads (app/components/models/mup/)."""
+
+    # The width the hyperparameters are stated at (a proxy's model.n_embd): required under
+    # mup, a divisor of model.n_embd; width_mult = model.n_embd / base_width
+    base_width: int | None = positive_int(None, nullable=True)
+    output_mult: float = bounded(1.0, low=0.0, low_open=True)  # logits x output_mult/width_mult
+    attn_mult: float = bounded(1.0, low=0.0, low_open=True)  # attention scores x attn_mult/d_head
 
 
 @dataclass
@@ -32,6 +45,8 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     compile: bool | None = None  # null: the gpu preset decides
     compile_mode: str = one_of("default", COMPILE_MODES)
+    parametrization: str = one_of("standard", PARAMETRIZATIONS)
+    mup: MupConfig = field(default_factory=MupConfig)
 
     def checkpoint(self) -> str:
         """model.path, where a checkpoint is loaded from (required by the config's check)."""

@@ -4,7 +4,9 @@ An optimizer module registers an `Optimizer`: how to build it, the bytes of stat
 parameter (the memory preflight counts them, the micro-batch cache keys on them) and its own
 settings (`training.optimizer_args`, checked against its `Args`). Every optimizer decays
 matrices only: biases and norm gains (1-D) are not decayed, shrinking them towards zero only
-hurts.
+hurts. Under μP (model.parametrization=mup) the hidden matrices get groups of their own, one per
+width multiplier, whose learning rate is divided by width_mult ** `mup_exponent` and weight
+decay multiplied by it (the decay per step, lr x weight_decay, unchanged).
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ ParamGroup = dict[str, "list[torch.nn.Parameter] | float"]
 A = TypeVar("A", bound="DataclassInstance")
 
 
+@dataclass(frozen=True)
+class HiddenMatrices:
+    """μP's hidden matrices (app/components/models/mup/apply.py), each with its width
+    multiplier: its fan-in over the base model's."""
+
+    mults: Mapping[int, float]  # id(parameter) -> width multiplier
+
+
 class OptimizerKind(Protocol):
     """An optimizer as the run sees it, whatever its own settings' type."""
 
@@ -73,10 +83,16 @@ class OptimizerKind(Protocol):
     @property
     def steps_shards(self) -> bool: ...
 
+    @property
+    def mup_exponent(self) -> float: ...
+
     def check(self, training: OptimizerSettings) -> None: ...
 
     def create(
-        self, model: torch.nn.Module, training: OptimizerSettings
+        self,
+        model: torch.nn.Module,
+        training: OptimizerSettings,
+        hidden: HiddenMatrices | None = None,
     ) -> torch.optim.Optimizer: ...
 
     def cache_identity(self, training: OptimizerSettings) -> list[object]: ...
@@ -95,6 +111,10 @@ class Optimizer(Generic[A]):
     # What besides the name changes its memory per step (the micro-batch cache keys on it)
     memory_identity: Callable[[OptimizerSettings], list[object]] = lambda t: []
     steps_shards: bool = True  # steps FSDP's sharded (DTensor) parameters
+    # μP divides a hidden matrix's rate by width_mult ** this: 1 where an update's entries are
+    # about lr whatever the weight (Adam's normalized step, Lion's sign); 0.5 where the step is
+    # relative to the weight's RMS, which μP's init makes ∝ 1/sqrt(fan_in) (Adafactor)
+    mup_exponent: float = 1.0
 
     def check(self, training: OptimizerSettings) -> None:
         """The settings this optimizer reads, before any work."""
@@ -121,8 +141,17 @@ class Optimizer(Generic[A]):
         check_fields(args, "training.optimizer_args")
         return args
 
-    def create(self, model: torch.nn.Module, training: OptimizerSettings) -> torch.optim.Optimizer:
-        groups = param_groups(model, training.weight_decay)
+    def create(
+        self,
+        model: torch.nn.Module,
+        training: OptimizerSettings,
+        hidden: HiddenMatrices | None = None,
+    ) -> torch.optim.Optimizer:
+        """`hidden`: μP's hidden matrices (None: the standard parametrization)."""
+        if hidden is None:
+            groups = param_groups(model, training.weight_decay)
+        else:
+            groups = mup_groups(model, training, hidden, self.mup_exponent)
         return self.build(groups, training, self.parse_args(training.optimizer_args))
 
     def cache_identity(self, training: OptimizerSettings) -> list[object]:
@@ -139,6 +168,27 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[ParamGroup
         {"params": [p for p in trainable if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0},
     ]
+
+
+def mup_groups(
+    model: torch.nn.Module, t: OptimizerSettings, hidden: HiddenMatrices, exponent: float
+) -> list[ParamGroup]:
+    """As `param_groups`, the hidden matrices apart: the other matrices (embeddings) first, at
+    the rate as given (the one logged as train/learning_rate), then one group per width
+    multiplier, then the vectors."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    matrices = [p for p in trainable if p.dim() >= 2]
+    groups: list[ParamGroup] = [
+        {
+            "params": [p for p in matrices if id(p) not in hidden.mults],
+            "weight_decay": t.weight_decay,
+        }
+    ]
+    for mult in sorted({hidden.mults[id(p)] for p in matrices if id(p) in hidden.mults}):
+        scale = mult**exponent
+        own = [p for p in matrices if hidden.mults.get(id(p)) == mult]
+        groups.append({"params": own, "lr": t.lr / scale, "weight_decay": t.weight_decay * scale})
+    return [*groups, {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def check_decoupled_decay(t: OptimizerSettings) -> None:

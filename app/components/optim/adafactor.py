@@ -52,5 +52,8 @@ OPTIMIZERS.add(
         # torch's Adafactor updates its factored moments in place on the gradient's row and
         # column norms, which a sharded (DTensor) parameter cannot do in place (torch 2.13).
         steps_shards=False,
+        # Its step is the weight's RMS x lr (a relative step): μP's init makes a hidden
+        # matrix's RMS ∝ 1/sqrt(fan_in), so the rate needs only the rest of 1/width_mult.
+        mup_exponent=0.5,
     )
 )

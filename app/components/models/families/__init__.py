@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from app.components.models.checkpointing import enable_activation_checkpointing
 from app.components.models.config import ModelConfig
 from app.components.models.heads import Head
+from app.components.models.mup import MupRules, check_base_width
 from app.components.models.task import Task
 from app.core.errors import ConfigError
 from app.core.registry import Registry
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
     from app.components.data.config import DataConfig
     from app.components.data.task_data import TaskData
+    from app.components.optim import HiddenMatrices
 
 
 Build = Callable[[ModelConfig, "TaskData", Task], "torch.nn.Module"]
@@ -92,6 +94,7 @@ class ModelFamily:
     loads_checkpoint: bool = False
     parameters: Callable[[ModelConfig, int], int | None] = _unknown
     check_files: Callable[[ModelConfig, DataConfig, Task], None] = _no_files
+    mup: MupRules | None = None  # μP's rules for it (None: model.parametrization=mup refused)
 
     def __post_init__(self) -> None:
         known = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
@@ -112,7 +115,10 @@ class ModelFamily:
 
     def check(self, m: ModelConfig, sequence_key: str, sequence: int) -> None:
         """What the config alone can show: heads that divide the width, positions that cover
-        the sequence (`data.<sequence_key>`), a path where a checkpoint is loaded."""
+        the sequence (`data.<sequence_key>`), a path where a checkpoint is loaded, μP where
+        it has the rules."""
+        if m.parametrization == "mup":
+            self.mup_rules(m)
         if self.loads_checkpoint:
             if not m.path:
                 raise ConfigError(f"model.path is required when model.arch={self.name}")
@@ -129,6 +135,25 @@ class ModelFamily:
                 f"data.{sequence_key}={sequence} exceeds model.max_position_embeddings="
                 f"{m.max_position_embeddings}; use data.{sequence_key}<={m.max_position_embeddings}"
             )
+
+    def mup_rules(self, m: ModelConfig) -> MupRules:
+        """Its μP rules, for a config that asks for them: refused in one line where it has none
+        or the base width does not fit the width."""
+        if self.loads_checkpoint:
+            raise ConfigError(
+                f"model.parametrization=mup with model.arch={self.name}: μP's rules start from "
+                "their own initialization, and a checkpoint's weights were not trained under them "
+                "(an export of a μP run has its multipliers folded in: a standard model); use "
+                "model.parametrization=standard, or resume the μP run (training.resume)"
+            )
+        if self.mup is None:
+            able = ", ".join(f.name for f in MODELS.all() if f.mup is not None)
+            raise ConfigError(
+                f"model.parametrization=mup: model.arch={self.name} has no μP rules; use "
+                f"model.parametrization=standard, or one of: {able}"
+            )
+        check_base_width(m)
+        return self.mup
 
 
 MODELS: Registry[ModelFamily] = Registry(__name__, "model.arch")
@@ -150,8 +175,29 @@ def model_vocab(m: ModelConfig, tokenizer_vocab: int) -> int:
     return m.vocab_size
 
 
+def mup_rules(m: ModelConfig) -> MupRules | None:
+    """The μP rules a model of this config is built with (None: the standard parametrization)."""
+    return MODELS.get(m.arch).mup_rules(m) if m.parametrization == "mup" else None
+
+
+def mup_hidden(model: torch.nn.Module, m: ModelConfig) -> HiddenMatrices | None:
+    """μP's hidden matrices of a model built from `m`, for its optimizer (None: standard)."""
+    rules = mup_rules(m)
+    if rules is None:
+        return None
+    from app.components.models.mup.apply import hidden_rates
+
+    return hidden_rates(model, m, rules)
+
+
 def causal_lm(model: PreTrainedModel, m: ModelConfig) -> PreTrainedModel:
-    """What every causal LM gets: activation checkpointing if asked, no KV cache."""
+    """What every causal LM gets: μP's rules if asked, activation checkpointing if asked, no
+    KV cache."""
+    rules = mup_rules(m)
+    if rules is not None:
+        from app.components.models.mup.apply import apply_mup
+
+        apply_mup(model, m, rules)
     if m.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.config.use_cache = False  # no KV cache while training: it only costs memory

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from app.components.models.families import MODELS, ModelFamily, Sizes, causal_lm, model_vocab
 from app.components.models.heads import CAUSAL_LM
+from app.components.models.mup import Folding, MupRules
 
 if TYPE_CHECKING:
     import torch
@@ -42,4 +43,35 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> torch.nn.Module:
     return causal_lm(model, m)
 
 
-MODELS.add(ModelFamily("gpt2", build=build, shape=Sizes, heads=(CAUSAL_LM,), parameters=parameters))
+def ffn(m: ModelConfig, width: int) -> int:
+    return m.intermediate_size or 4 * width
+
+
+def fold(state: dict[str, torch.Tensor], f: Folding) -> None:
+    """μP into GPT-2's weights: the query third of each fused c_attn, the last LayerNorm."""
+    for key in list(state):
+        if key.endswith("attn.c_attn.weight"):  # Conv1D: (in, q|k|v)
+            state[key] = _scaled(state[key], f.query, (slice(None), slice(0, f.width)))
+        elif key.endswith("attn.c_attn.bias"):
+            state[key] = _scaled(state[key], f.query, (slice(0, f.width),))
+        elif key in ("transformer.ln_f.weight", "transformer.ln_f.bias"):
+            state[key] = state[key] * f.output
+
+
+def _scaled(t: torch.Tensor, factor: float, part: tuple[slice, ...]) -> torch.Tensor:
+    out = t.clone()
+    out[part] *= factor
+    return out
+
+
+MUP = MupRules(
+    attention="GPT2Attention",
+    final_norm=lambda model: model.get_submodule("transformer.ln_f"),
+    ffn=ffn,
+    fold=fold,
+)
+MODELS.add(
+    ModelFamily(
+        "gpt2", build=build, shape=Sizes, heads=(CAUSAL_LM,), parameters=parameters, mup=MUP
+    )
+)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from app.components.models.families import MODELS, ModelFamily, causal_lm, model_vocab
 from app.components.models.heads import CAUSAL_LM
+from app.components.models.mup import Folding, MupRules
 
 if TYPE_CHECKING:
     import torch
@@ -65,6 +66,33 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> torch.nn.Module:
     return causal_lm(model, m)
 
 
+def ffn(m: ModelConfig, width: int) -> int:
+    return m.intermediate_size or ffn_width(width)
+
+
+def fold(state: dict[str, torch.Tensor], f: Folding) -> None:
+    """μP into Llama's weights: each query projection (rotary positions are linear in the
+    query: a factor passes through them), the last RMSNorm's gain."""
+    for key in list(state):
+        if key.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+            state[key] = state[key] * f.query
+        elif key == "model.norm.weight":
+            state[key] = state[key] * f.output
+
+
+MUP = MupRules(
+    attention="LlamaAttention",
+    final_norm=lambda model: model.get_submodule("model.norm"),
+    ffn=ffn,
+    fold=fold,
+)
 MODELS.add(
-    ModelFamily("llama", build=build, shape=LlamaShape, heads=(CAUSAL_LM,), parameters=parameters)
+    ModelFamily(
+        "llama",
+        build=build,
+        shape=LlamaShape,
+        heads=(CAUSAL_LM,),
+        parameters=parameters,
+        mup=MUP,
+    )
 )
