@@ -37,6 +37,21 @@ class WarmStartConfig:
     take: str = "enqueue"
     top_k: int = 5
     rungs: bool = False
+    # Take values from a study of another parametrization (standard vs μP, or μP at another
+    # base width), where the same learning rate is another rate: refused unless set
+    across_parametrizations: bool = False
+
+
+@dataclass
+class TransferConfig:
+    """hpo.transfer: a study on a proxy that tunes a target (μP; docs/hpo.md, "A proxy study
+    and its target"). `target`: the overrides that make the proxy the target (e.g.
+    [model.n_embd=1024, model.n_head=16]); the study's first lines, its report and
+    optimization_results.yaml give the command that trains it with the best configuration.
+    `run`: once the study ends, the sweep runs that command (in <sweep dir>/target)."""
+
+    target: list[str] = field(default_factory=list)
+    run: bool = False
 
 
 @dataclass
@@ -89,6 +104,7 @@ class HpoConfig:
     poll_interval: float = 2.0
     enqueue: list[Any] = field(default_factory=list)  # parameter sets to try first
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
     search_space_fn: str | None = None  # dotted path of fn(cfg, trial) -> {key: value} | None
     # The default search space; a config's own hydra.sweeper.params replaces it whole, and a
     # key set to null here is not searched.

@@ -26,7 +26,7 @@ from .figures import (
     timeline,
 )
 from .records import StudyRecord, endings
-from .tables import best_table, cost_table, plan_table, workers_table
+from .tables import best_table, cost_table, plan_table, transfer_table, workers_table
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -101,6 +101,8 @@ def _borrowed(record: StudyRecord) -> str:
 
 def _summary(record: StudyRecord) -> str:
     sections = [_section("best", "Best", best_table(record))]
+    if record.transfer is not None:
+        sections.append(_section("transfer", "The target (μP)", transfer_table(record.transfer)))
     sections.append(_section("workers", "Workers", workers_table(record)))
     sections.append(_section("spent", "What the study spent", cost_table(record)))
     return "\n".join(sections)

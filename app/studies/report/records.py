@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from app.studies.transfer import Transfer
+
 # How a trial (or a line) ended, with the colour the report draws it in.
 Ending = Literal[
     "complete",
@@ -142,6 +144,7 @@ class StudyRecord:
     budget: int | None = None  # where a trial that is never pruned stops, on that axis
     storage: str = ""  # shown with any password masked
     budget_trials: float | None = None  # hpo.budget_trials, where the study was budgeted so
+    transfer: Transfer | None = None  # a μP study's target (app/studies/transfer.py)
 
     @property
     def ran(self) -> list[TrialRecord]:

@@ -8,6 +8,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from app.studies.transfer import Transfer
+
 from .figures import who
 from .records import Line, StudyRecord, TrialRecord
 
@@ -48,6 +50,22 @@ def _trial_facts(t: TrialRecord, record: StudyRecord) -> str:
         ("run dir", t.run_dir),
     ]
     command = f"<pre>{html.escape(t.command)}</pre>" if t.command else ""
+    return table(("", ""), rows) + command
+
+
+def transfer_table(transfer: Transfer) -> str:
+    """A μP study's widths, its target and the command that trains it with the best values."""
+    r, run = transfer.record, transfer.run
+    rows: list[tuple[str, object]] = [
+        ("trials at width", r.width),
+        ("base width (model.mup.base_width)", r.base_width),
+        ("target (hpo.transfer.target)", " ".join(r.target) or "none given"),
+    ]
+    if run is not None:
+        rows += [("target run", f"{run.status} in {run.run_dir}"), ("its value", run.value)]
+        rows += [("its device-seconds", run.device_seconds)]
+    how = "<p>The target, trained with the best configuration:</p>"
+    command = f"{how}<pre>{html.escape(transfer.command)}</pre>" if transfer.command else ""
     return table(("", ""), rows) + command
 
 

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shlex
 import warnings
 from pathlib import Path
 
 import optuna
-from omegaconf import OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
 from app.core.outcomes import Status
-from app.core.redact import mask_url_passwords
 from app.hpo import TrialAttrs
 from app.studies.batch_size import IMAGE as BATCH_STUDY_IMAGE
 from app.studies.report import Ending, StudyRecord, TrialRecord, write_report
@@ -29,6 +26,7 @@ from .._pruners._companion import MAIN_TRIAL
 from .._pruners._learned import BORROWED, BUDGET, UNIT
 from .._pruners._lineage import root
 from .._study._cost import BUDGET_TRIALS
+from ._commands import command, transfer_record, trial_overrides
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +38,6 @@ ENDINGS: dict[str, Ending] = {
     Status.DIVERGED.value: "diverged",
     Status.PREEMPTED.value: "preempted",
 }
-# Job overrides that make a run a trial: a rerun of the configuration leaves them out.
-JOB_ONLY = ("hpo=", "hpo.", "+hpo.", "++hpo.", "training.resume=")
 
 
 def describe(study: optuna.Study, metrics: list[str] | None, unit: str, budget: int) -> None:
@@ -72,6 +68,7 @@ def study_record(study: optuna.Study, storage: str) -> StudyRecord:
         budget=int(budget) if isinstance(budget, int | float) else None,
         storage=storage,
         budget_trials=_number(study.user_attrs.get(BUDGET_TRIALS)),
+        transfer=transfer_record(study),
     )
     return _with_rerun_command(record)
 
@@ -131,16 +128,8 @@ def ending(t: FrozenTrial) -> Ending:
 def rerun_command(run_dir: str | None) -> str | None:
     """`python -m app.train` with the trial's own overrides (Hydra's record of the job), less
     those that made it a trial of a study."""
-    path = Path(run_dir or "", ".hydra", "overrides.yaml")
-    if not run_dir or not path.is_file():
-        return None
-    try:
-        overrides = [str(o) for o in OmegaConf.load(path)]
-    except Exception:  # a damaged record: no command rather than a wrong one
-        return None
-    kept = [o for o in overrides if not o.startswith(JOB_ONLY)]
-    # A URL's password (a tracker's URI, a data URL) is *** here as in every file the sweep writes.
-    return mask_url_passwords(" ".join(["python -m app.train", *(shlex.quote(o) for o in kept)]))
+    overrides = trial_overrides(run_dir)
+    return None if overrides is None else command(overrides)
 
 
 def _companion_reports(study: optuna.Study) -> dict[int, dict[int, float]]:

@@ -24,6 +24,7 @@ from app.hpo import TrialAttrs
 from .._errors import NoTrialCompleted
 from .._study._best import own_best, own_front
 from .._study._warm_start import RECORD, is_borrowed
+from ._commands import transfer_record
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -74,6 +75,7 @@ def summarize(
         **({"metrics": metrics} if metrics else {}),
         "trials": trial_counts(trials),
         **({"warm_start": study.user_attrs[RECORD]} if RECORD in study.user_attrs else {}),
+        **({"transfer": t.section()} if (t := transfer_record(study)) is not None else {}),
     }
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if not complete:

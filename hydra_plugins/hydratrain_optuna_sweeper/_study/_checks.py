@@ -44,6 +44,11 @@ def _job_config(
         *(space.override(k, v) for k, v in point.items()),
         *space.deletions,
     ]
+    return check_job(compose, overrides, where, config_name)
+
+
+def check_job(compose: Compose, overrides: list[str], where: str, config_name: str) -> DictConfig:
+    """The job these overrides make, composed and through the app's own checks."""
     try:
         cfg = compose(overrides)
     except Exception as e:

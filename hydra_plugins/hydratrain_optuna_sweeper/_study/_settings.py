@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from app.config.hpo import BatchSizeStudyConfig, HpoConfig, WarmStartConfig
+from app.config.hpo import BatchSizeStudyConfig, HpoConfig, TransferConfig, WarmStartConfig
+from app.studies.transfer import Parametrization
 
 from .._errors import SweepConfigError, first_line
 from .._pruners._kind import pruner_kind
@@ -98,6 +99,9 @@ class SweepSettings:
     report_direction: str = "minimize"
     fleet: FleetAsk | None = None  # None: no hpo node (the stock surface alone), no fleet
     warm_start: WarmStartConfig | None = None  # hpo.warm_start; None: no hpo node
+    transfer: TransferConfig | None = None  # hpo.transfer; None: no hpo node
+    # How the trials are parametrized (filled once the job config is known: _sweep/_transfer)
+    parametrization: Parametrization = field(default_factory=Parametrization)
 
     @property
     def multi_objective(self) -> bool:
@@ -185,6 +189,7 @@ def read_settings(stock: StockOptions, hpo_node: object, sweep_dir: str) -> Swee
         batch_size_study=h.batch_size_study if hpo else None,
         fleet=_fleet_ask(h) if hpo else None,
         warm_start=h.warm_start if hpo else None,
+        transfer=h.transfer if hpo else None,
     )
     check(s)
     _check_resource(h)

@@ -1,6 +1,7 @@
-"""hpo.warm_start's sources: an earlier study named by its storage and name, or by a sweep's
-directory, opened to be read. One that is not there is one line, and nothing is created: a
-journal file or SQLite database that does not exist is not opened (opening would make it)."""
+"""hpo.warm_start's settings and sources: an earlier study named by its storage and name, or
+by a sweep's directory, opened to be read. One that is not there is one line, and nothing is
+created: a journal file or SQLite database that does not exist is not opened (opening would
+make it)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,14 @@ from pathlib import Path
 import optuna
 import yaml
 
+from app.config.hpo import WarmStartConfig
+
 from .._errors import SweepConfigError, first_line
+from .._pruners._kind import pruners_comparing_reports
 from ._storage import JOURNAL_NAME, Masker, StorageSpec, open_storage, storage_spec
+
+KEY = "hpo.warm_start"
+TAKES = ("enqueue", "observe")
 
 
 def open_source(entry: object, key: str, mask: Masker) -> tuple[optuna.Study, str]:
@@ -95,3 +102,21 @@ def _from_sweep_dir(sweep_dir: Path, key: str) -> tuple[StorageSpec, str]:
             f"{key}.sweep_dir: its study is not in {journal}; give storage and study_name"
         )
     return StorageSpec("journal", str(journal.absolute()), f"{key}.sweep_dir"), str(name)
+
+
+def check_settings(cfg: WarmStartConfig, objectives: int, compares_reports: bool = True) -> None:
+    if cfg.take not in TAKES:
+        raise SweepConfigError(
+            f"{KEY}.take={cfg.take!r} is not allowed; choose one of: {', '.join(TAKES)}"
+        )
+    if isinstance(cfg.top_k, bool) or not isinstance(cfg.top_k, int) or cfg.top_k < 1:
+        raise SweepConfigError(f"{KEY}.top_k={cfg.top_k!r} must be an integer >= 1")
+    if not cfg.rungs:
+        return
+    if cfg.take != "observe":
+        raise SweepConfigError(f"{KEY}.rungs=true brings observed reports: needs take=observe")
+    if not compares_reports or objectives != 1:
+        raise SweepConfigError(
+            f"{KEY}.rungs=true: this study's pruner does not compare reports at a step "
+            f"({pruners_comparing_reports()} does, for one objective); set rungs=false"
+        )

@@ -48,10 +48,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from app.config.budget import ReportAxis
 from app.config.hpo import WarmStartConfig
+from app.studies.transfer import Parametrization
 
 from .._errors import SweepConfigError
 from .._private import contains, sampler_constraints, storage_of
-from .._pruners._kind import pruner_kind, pruners_comparing_reports
+from .._pruners._kind import pruner_kind
 from .._pruners._learned import BORROWED, BUDGET, UNIT
 from .._pruners._lineage import BORROWED_FROM, UNCOUNTED
 from ._best import own_front
@@ -59,13 +60,11 @@ from ._samplers import OOM, TRIAL_CONSTRAINTS
 from ._settings import SweepSettings
 from ._shared import budget_lock
 from ._storage import Masker, StorageSpec, open_storage
-from ._warm_sources import open_source, storage_exists
+from ._warm_sources import KEY, check_settings, open_source, storage_exists
 
 log = logging.getLogger(__name__)
 
-KEY = "hpo.warm_start"
 WAIT_S = 60.0  # how long a worker waits for another's borrowed trials to appear
-TAKES = ("enqueue", "observe")
 # Two borrowed configurations this close on every parameter (a fraction of its range) are one:
 # a study's best few often are near copies of each other (TPE samples around its best).
 NEAR = 0.05
@@ -85,6 +84,7 @@ class Target:
     compares_reports: bool = False
     constraints: bool = False
     cap: int = 20
+    parametrization: Parametrization = field(default_factory=Parametrization)
 
 
 @dataclass
@@ -118,12 +118,13 @@ def plan_warm_start(cfg: WarmStartConfig, target: Target, mask: Masker) -> Borro
     """The borrowed trials, or None for a cold start; one line for anything wrong."""
     if not cfg.studies:
         return None
-    _check_settings(cfg, len(target.directions), target.compares_reports)
+    check_settings(cfg, len(target.directions), target.compares_reports)
     borrowed = Borrowed(cfg.take, [])
     for i, entry in enumerate(cfg.studies):
         key = f"{KEY}.studies[{i}]"
         study, label = open_source(entry, key, mask)
         borrowed.sources.append(label)
+        _check_parametrization(study, target.parametrization, cfg, key, label)
         done = [
             t
             for t in study.get_trials(deepcopy=False)
@@ -156,7 +157,7 @@ def warm_start_for(
     study is touched; None for a cold start or a study warm-started already."""
     if s.warm_start is None or not s.warm_start.studies:
         return None
-    _check_settings(s.warm_start, len(s.directions))
+    check_settings(s.warm_start, len(s.directions))
     if already_borrowed(s.storage, s.study_name, mask):
         log.info("warm start: done in an earlier run of study %s", s.study_name)
         return None
@@ -168,6 +169,7 @@ def warm_start_for(
         compares_reports=pruner_kind(s.pruner).compares_reports,
         constraints=constraints,
         cap=max(0, (b.n_trials or max(1, math.floor(b.worth or 1))) - len(s.enqueue)),
+        parametrization=s.parametrization,
     )
     warm = plan_warm_start(s.warm_start, target, mask)
     if warm is not None:
@@ -231,24 +233,6 @@ def _wait_for_record(study: optuna.Study, timeout_s: float = WAIT_S) -> None:
 
 def is_borrowed(t: FrozenTrial) -> bool:
     return t.user_attrs.get("reason") == BORROWED
-
-
-def _check_settings(cfg: WarmStartConfig, objectives: int, compares_reports: bool = True) -> None:
-    if cfg.take not in TAKES:
-        raise SweepConfigError(
-            f"{KEY}.take={cfg.take!r} is not allowed; choose one of: {', '.join(TAKES)}"
-        )
-    if isinstance(cfg.top_k, bool) or not isinstance(cfg.top_k, int) or cfg.top_k < 1:
-        raise SweepConfigError(f"{KEY}.top_k={cfg.top_k!r} must be an integer >= 1")
-    if not cfg.rungs:
-        return
-    if cfg.take != "observe":
-        raise SweepConfigError(f"{KEY}.rungs=true brings observed reports: needs take=observe")
-    if not compares_reports or objectives != 1:
-        raise SweepConfigError(
-            f"{KEY}.rungs=true: this study's pruner does not compare reports at a step "
-            f"({pruners_comparing_reports()} does, for one objective); set rungs=false"
-        )
 
 
 def _enqueue_best(
@@ -337,6 +321,19 @@ def _fit(value: object, dist: BaseDistribution) -> tuple[object | None, str | No
         return None, "does not fit this range: left to the sampler"
     close = math.isclose(out, float(value), rel_tol=1e-9, abs_tol=1e-12)
     return out, None if close else f"clipped to {out!r}"
+
+
+def _check_parametrization(
+    source: optuna.Study, here: Parametrization, cfg: WarmStartConfig, key: str, label: str
+) -> None:
+    """Values carry over as they are between studies of one parametrization (a μP proxy's into
+    a μP target's, at one base width); across them, only where asked."""
+    why = here.mismatch(Parametrization.of(source.user_attrs))
+    if why and not cfg.across_parametrizations:
+        raise SweepConfigError(
+            f"{key}: {label} {why}: its values (the learning rate above all) mean other rates "
+            f"here; set {KEY}.across_parametrizations=true to take them anyway"
+        )
 
 
 def _check_comparable(

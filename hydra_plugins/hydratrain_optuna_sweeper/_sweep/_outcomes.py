@@ -112,6 +112,14 @@ class StartUnlessStopped:
         return self.task_function(cfg)
 
 
+def signal_name(status: int) -> str:
+    """The signal an exit status 128 + N stands for."""
+    try:
+        return signal.Signals(status - 128).name
+    except ValueError:
+        return f"status {status}"
+
+
 def not_started(signum: int | None) -> Outcome:
     """A trial of the batch that a stop request reached before its job ran: handled as a
     preempted one (not counted, queued again with its parameters for the rerun)."""

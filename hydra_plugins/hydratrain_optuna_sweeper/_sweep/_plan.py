@@ -64,7 +64,8 @@ from .._study._stock import StockOptions
 from .._study._storage import Masker, job_storage, open_storage, passwords
 from .._study._warm_start import warm_start_for
 from ._fleet_run import Fleet, plan_fleet_of
-from ._outcomes import StartUnlessStopped
+from ._outcomes import StartUnlessStopped, signal_name
+from ._transfer import plan_transfer, record_transfer, run_target
 from ._worker import Plan, Worker
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class OptunaSweeperImpl(Sweeper):
                 plan = self._plan(s, arguments)
                 try:
                     status = self.fleet.run(plan) if self.fleet else Worker(plan).run()
+                    if run_target(plan.study, s, plan.launcher, plan.sweep_dir, status):
+                        plan.write_results(final=True)  # with the target run
                 finally:  # a stopped or failed sweep too: the report shows what the study holds
                     self._report(plan)
             if not status:  # a stopped worker's status says more than its study's state
@@ -122,7 +125,7 @@ class OptunaSweeperImpl(Sweeper):
         if status:
             if not self.fleet:  # a fleet said why, for each of its workers
                 print(
-                    f"stopped: {_signal_name(status)}: the worker recorded its trials and "
+                    f"stopped: {signal_name(status)}: the worker recorded its trials and "
                     "stopped; rerun the same command to resume the study",
                     file=sys.stderr,
                     flush=True,
@@ -157,6 +160,7 @@ class OptunaSweeperImpl(Sweeper):
         hook = load_hook(s.search_space_fn, s.search_space_key)
         job_cfg = check_space(self._compose, space, str(self.config.hydra.job.config_name))
         check_objectives(job_cfg, s)
+        plan_transfer(s, job_cfg, self._compose, space, str(self.config.hydra.job.config_name))
         sampler = _sampler(s, space)
         schedule = schedule_of(job_cfg)
         check_declared(job_cfg.get("hpo"), schedule)
@@ -177,6 +181,7 @@ class OptunaSweeperImpl(Sweeper):
         constraints = s.hpo_node and not isinstance(unwrapped(sampler), CmaEsSampler)
         warm = warm_start_for(s, space.distributions, schedule, constraints, self.mask)
         study = self._open_study(s, sampler, pruner)
+        record_transfer(study, s)
         record_pruner_args(study, pruner_args)
         if schedule is not None:
             describe(study, s.metrics, schedule.unit.value, schedule.last)
@@ -345,15 +350,6 @@ def _cap_to_grid(s: SweepSettings, size: int) -> None:
     if s.budget.n_trials is None or size < s.budget.n_trials:
         log.info("Updating num of trials to %d due to using GridSampler.", size)
         s.budget = dataclasses.replace(s.budget, n_trials=size)
-
-
-def _signal_name(status: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(status - 128).name
-    except ValueError:
-        return f"status {status}"
 
 
 BATCH_KEY = "training.effective_batch_size"
