@@ -10,6 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from app.bench import __doc__ as package_doc
+from app.bench.mup.coord_check import CoordSetup, coord_check, coord_table
+from app.bench.mup.figures import plot_coord_check, plot_lr_transfer
+from app.bench.mup.transfer import LRS as MUP_LRS
+from app.bench.mup.transfer import mean_curves, run_transfer_bench, transfer_table
 from app.bench.studies.batch_budget import batch_budget_table, run_batch_budget_bench
 from app.bench.studies.batch_schedule import (
     FRACTIONS,
@@ -100,6 +104,25 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
             "machine": machine_info(),
             **schedule,
         }, f"{batch_schedule_table(schedule)}\n\nplot: {png}"
+    if args.coord_check:
+        setup = CoordSetup(
+            seeds=tuple(_seeds(args)),
+            optimizer=args.optimizer,
+            lr=args.lr or CoordSetup.lr,
+            steps=args.steps or CoordSetup.steps,
+        )
+        coords = coord_check(setup, args.overrides)
+        png = Path(args.json or default_json_path(args)).with_suffix(".png")
+        plot_coord_check(coords, png)
+        return {"machine": machine_info(), **coords}, f"{coord_table(coords)}\n\nplot: {png}"
+    if args.mup_transfer:
+        transfer = run_transfer_bench(
+            args.overrides, _seeds(args), _cores(args), args.lrs or MUP_LRS
+        )
+        png = Path(args.json or default_json_path(args)).with_suffix(".png")
+        plot_lr_transfer(mean_curves(transfer), png, "validation loss against the rate")
+        table = f"{transfer_table(transfer)}\n\nplot: {png}"
+        return {"machine": machine_info(), **transfer}, table
     if args.warm_start:
         pairs = args.pairs.split(",") if args.pairs else list(WARM_PAIRS)
         warm = run_warm_start_bench(args.overrides, _seeds(args), pairs, args.take, _cores(args))
@@ -190,6 +213,8 @@ KINDS = {
     "warm-start": "the default study warm-started from a related one, against the same cold",
     "batch-schedule": "the adaptive batch (training.batch_schedule=adaptive) vs fixed batches",
     "probe-share": "the micro-batch probe's cost to a 100-step run, compiled and eager",
+    "coord-check": "μP's coordinate check: activations against the width, per parametrization",
+    "mup-transfer": "the best LR across widths under each parametrization; a μP proxy study",
     "ablate": "time each speed-up option alone",
 }
 
@@ -206,13 +231,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="contenders take turns step by step (default: on for the CPU profiles)",
     )
     p.add_argument("--warmup", type=int, help="steps excluded from throughput")
-    p.add_argument("--steps", type=int, help="measured steps after the warm-up")
+    p.add_argument(
+        "--steps", type=int, help="measured steps after the warm-up (coord-check: steps trained)"
+    )
+    p.add_argument("--optimizer", default="adamw", help="coord-check: training.optimizer")
+    p.add_argument("--lr", type=float, help=f"coord-check: training.lr (default {CoordSetup.lr})")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset")
     p.add_argument("--variants", help="comma-separated subset of the profile's variants")
     p.add_argument("--only", help="ablate: comma-separated subset of ablation names")
     p.add_argument("--startup-runs", type=int, default=7)
     p.add_argument(
-        "--lrs", type=_floats, help=f"batch-schedule: comma-separated LRs (default {LRS})"
+        "--lrs",
+        type=_floats,
+        help=f"batch-schedule, mup-transfer: comma-separated LRs (default {LRS}; {MUP_LRS})",
     )
     p.add_argument(
         "--fractions",
@@ -237,8 +268,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pairs", help=f"warm-start: comma-separated subset of {','.join(WARM_PAIRS)}")
     p.add_argument(
         "--cores",
-        help="warm-start, batch-schedule: CPUs to run studies or runs on side by side, one each "
-        "(e.g. 0,1)",
+        help="warm-start, batch-schedule, mup-transfer: CPUs to run studies or runs on side by "
+        "side, one each (e.g. 0,1)",
     )
     p.add_argument("--take", default="enqueue", help="warm-start: enqueue | observe")
     p.add_argument(
@@ -249,8 +280,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--seeds",
-        help="batch-budget, batch-schedule, sampler-choice, default-study, warm-start "
-        "(default 0,1), mf-peers (default 0..7): comma-separated seeds",
+        help="batch-budget, batch-schedule, sampler-choice, default-study, warm-start, "
+        "coord-check, mup-transfer (default 0,1), mf-peers (default 0..7): comma-separated seeds",
     )
     p.add_argument(
         "--optimizers",

@@ -69,6 +69,7 @@ class StudyResult(TypedDict):
     best_value: float | None
     trials: list[TrialRow]
     batch_size_study: NotRequired[BatchStudyFigures | None]  # where asked for
+    transfer: NotRequired[dict[str, object] | None]  # optimization_results.yaml's, where asked for
     pruner_args: NotRequired[dict[str, object]]  # a Trainer study's
     reach_s: NotRequired[float | None]  # app/bench/studies/hpo_peers.py
     reach_steps: NotRequired[int | None]
@@ -194,6 +195,7 @@ def run_study(
     batch_size_study: bool = False,
     keep: str | None = None,
     core: int | None = None,
+    transfer: bool = False,
 ) -> StudyResult:
     """The study's trials as rows (those it ran: not a warm start's borrowed ones), and where
     asked, the batch-size study's analysis in its optimization_results.yaml. `keep`: a journal
@@ -233,6 +235,8 @@ def run_study(
     }
     if batch_size_study:
         result["batch_size_study"] = results.get("batch_size_study")
+    if transfer:  # a μP study's target (hpo.transfer): its command and its run
+        result["transfer"] = results.get("transfer")
     return result
 
 
