@@ -189,6 +189,37 @@ CASES = [
     ),
     ("peer-timeout", ["training.peer_timeout_s=0"], "peer_timeout_s=0.0 must be a finite number"),
     ("fault-kill", ["faults.kill_in_checkpoint=0"], "faults.kill_in_checkpoint=0 must be"),
+    # μP: a base width the width does not take, a family without its rules, weights not trained
+    # under it, a checkpoint of another parametrization
+    ("mup-no-base", ["model.parametrization=mup"], "model.mup.base_width is required"),
+    (
+        "mup-base-not-divisor",
+        ["model.parametrization=mup", "model.mup.base_width=24"],
+        "model.mup.base_width=24 must divide model.n_embd=32",
+    ),
+    (
+        "mup-base-wider",
+        ["model.parametrization=mup", "model.mup.base_width=64"],
+        "model.mup.base_width=64 must divide model.n_embd=32 and be at most it",
+    ),
+    ("mup-word", ["model.parametrization=mu"], "model.parametrization='mu' is not allowed"),
+    ("mup-output-mult", ["model.mup.output_mult=0"], "model.mup.output_mult=0.0 must be"),
+    (
+        "mup-family",
+        ["experiment=nli_tiny", "model.parametrization=mup", "model.mup.base_width=32"],
+        "model.arch=deberta_v2 has no μP rules",
+    ),
+    (
+        "mup-pretrained",
+        ["model=pretrained", "model.path={tmp}/gpt2", "model.parametrization=mup"],
+        "a checkpoint's weights were not trained under them",
+    ),
+    (
+        "resume-mup",
+        [RESUME, "model.parametrization=mup", "model.mup.base_width=16"],
+        "the checkpoint was trained with model.parametrization=standard, this run has "
+        "model.parametrization=mup",
+    ),
 ]
 
 
@@ -361,6 +392,37 @@ SWEEP_CASES = [
     ("warm-start-word", ["hpo.warm_start=observe"], "hpo.warm_start takes a mapping of studies"),
     ("enqueue-mapping", ["hpo.enqueue={training.lr: 0.001}"], "hpo.enqueue takes a list"),
     ("params-list", ["hpo.params=[training.lr]"], "hpo.params takes a mapping"),
+    # A μP proxy study and its target
+    (
+        "transfer-standard",
+        ['hpo.transfer.target=["model.n_embd=64"]'],
+        "under which the best learning rate moves with the width",
+    ),
+    ("transfer-run-alone", ["hpo.transfer.run=true"], "no hpo.transfer.target to run"),
+    (
+        "transfer-target",
+        [
+            "model.parametrization=mup",
+            "model.mup.base_width=32",
+            'hpo.transfer.target=["model.n_embd=48"]',
+        ],
+        "model.mup.base_width=32 must divide model.n_embd=48",
+    ),
+    (
+        "study-other-parametrization",
+        ["model.parametrization=mup", "model.mup.base_width=32"],
+        "study 's' was run under model.parametrization=standard, this study under μP",
+    ),
+    (
+        "warm-across",
+        [
+            "model.parametrization=mup",
+            "model.mup.base_width=16",
+            "hpo.study_name=new",
+            "hpo.warm_start.studies=[{storage: {tmp}/study.journal, study_name: s}]",
+        ],
+        "was run under model.parametrization=standard, this study under μP at width 32",
+    ),
 ]
 
 
@@ -391,7 +453,7 @@ def test_bad_sweep_input_is_one_line_and_leaves_the_study(
         "hpo.study_name=s",
         f"hpo.storage={study}",
         f"hydra.sweep.dir={tmp_path / 'multirun'}",
-        *overrides,
+        *(o.replace("{tmp}", str(tmp_path)) for o in overrides),
     ]
     code, _, err = invoke_here(argv, monkeypatch, capsys)
     _assert_one_line(code, err, needle)

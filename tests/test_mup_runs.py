@@ -155,3 +155,21 @@ def test_accumulation_and_oom_recovery_train_a_mup_model_as_one_micro_batch_does
     for run in (split, recovered):
         assert run.final_val["loss"] == pytest.approx(whole.final_val["loss"], rel=1e-4)
     assert os.path.isdir(tmp_path / "c" / "checkpoints")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_mup_on_two_ranks_follows_one_process(parallelism, tmp_path):
+    """DDP and FSDP2 (torchrun, 2 ranks on CPU): the hidden groups' rates and the multipliers
+    hold on the wrapped and the sharded model alike."""
+    from tests.test_fsdp import GPT2, completed, exported, torchrun
+
+    base = [*GPT2, *MUP, f"data.cache_dir={tmp_path / 'cache'}"]
+    one = completed(procs.train(*base, f"hydra.run.dir={tmp_path / 'one'}"), tmp_path / "one")
+    proc = torchrun(tmp_path / "two", *base, f"training.parallelism={parallelism}")
+    two = completed(proc, tmp_path / "two")
+    assert two.world_size == 2 and "mup        width 32 = 2 x base 16" in proc.stdout
+    assert two.final_val["loss"] == pytest.approx(one.final_val["loss"], rel=1e-5)
+    mine, theirs = exported(tmp_path / "two"), exported(tmp_path / "one")
+    for name in theirs:
+        torch.testing.assert_close(mine[name], theirs[name], rtol=1e-4, atol=1e-5, msg=name)

@@ -42,7 +42,7 @@ from app.bench.studies.lanes import Task, run_on_cores
 
 WIDTHS = {64: 2, 128: 4, 256: 8, 512: 16}  # model.n_embd: model.n_head
 BASE = 64
-LRS = (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)  # a factor 2 apart
+LRS = (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # a factor 2 apart
 PARAMETRIZATIONS = ("standard", "mup")
 SEQ_LEN = 64
 SAMPLES = 3200  # 100 steps of the reference batch 32
@@ -95,6 +95,9 @@ class ProxyRun(TypedDict):
     command: str | None
 
 
+Done = StudyResult | list[ProxyRun]  # what a lane's task returns: a grid study, the proxy's runs
+
+
 class TransferReport(TypedDict):
     widths: dict[int, int]
     lrs: list[float]
@@ -111,27 +114,35 @@ def run_transfer_bench(
 ) -> TransferReport:
     arms = [Arm(w, p, s) for w in sorted(WIDTHS, reverse=True) for p in PARAMETRIZATIONS
             for s in seeds]  # fmt: skip
-    tasks: dict[str, Task[object]] = {a.name: _grid_task(a, lrs, extra) for a in arms[:4]}
+    tasks: dict[str, Task[Done]] = {a.name: _grid_task(a, lrs, extra) for a in arms[:4]}
     tasks["proxy"] = Task(lambda core: _proxy(extra, seeds, core))
     tasks.update({a.name: _grid_task(a, lrs, extra) for a in arms[4:]})
     done = run_on_cores(tasks, cores)
-    grids = [_grid_row(a, done[a.name], lrs) for a in arms]  # type: ignore[arg-type]
-    proxy: list[ProxyRun] = done["proxy"]  # type: ignore[assignment]
+    grids = [_grid_row(a, _study(done[a.name]), lrs) for a in arms]
+    proxy = done["proxy"]
+    if not isinstance(proxy, list):
+        raise TypeError("the proxy's task returns its runs")
     return {
         "widths": WIDTHS, "lrs": list(lrs), "samples": SAMPLES, "seq_len": SEQ_LEN,
         "cores": cores, "grids": grids, "proxy": proxy, "goals": goals(grids, proxy, lrs),
     }  # fmt: skip
 
 
-def _grid_task(arm: Arm, lrs: tuple[float, ...], extra: list[str]) -> Task[object]:
-    def run(core: int | None) -> StudyResult:
+def _grid_task(arm: Arm, lrs: tuple[float, ...], extra: list[str]) -> Task[Done]:
+    def run(core: int | None) -> Done:
         return _logged(arm.name, run_study([*arm.overrides(lrs), *extra], core=core))
 
     return Task(run)
 
 
+def _study(result: Done) -> StudyResult:
+    if isinstance(result, list):
+        raise TypeError("a grid's task returns its study")
+    return result
+
+
 def _grid_row(arm: Arm, study: StudyResult, lrs: tuple[float, ...]) -> GridRow:
-    by_lr = {float(t["params"]["training.lr"]): t for t in study["trials"]}  # type: ignore[arg-type]
+    by_lr = {_number(t["params"], "training.lr"): t for t in study["trials"]}
     losses = {str(lr): _value(by_lr.get(lr)) for lr in lrs}
     finished = {lr: v for lr, v in ((float(k), v) for k, v in losses.items()) if v is not None}
     return {

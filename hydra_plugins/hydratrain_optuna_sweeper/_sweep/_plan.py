@@ -65,7 +65,7 @@ from .._study._storage import Masker, job_storage, open_storage, passwords
 from .._study._warm_start import warm_start_for
 from ._fleet_run import Fleet, plan_fleet_of
 from ._outcomes import StartUnlessStopped, signal_name
-from ._transfer import plan_transfer, record_transfer, run_target
+from ._transfer import check_study, plan_transfer, record_transfer, run_target
 from ._worker import Plan, Worker
 
 log = logging.getLogger(__name__)
@@ -180,6 +180,7 @@ class OptunaSweeperImpl(Sweeper):
         # CmaEsSampler ignores constraints, and warns about each trial that has one.
         constraints = s.hpo_node and not isinstance(unwrapped(sampler), CmaEsSampler)
         warm = warm_start_for(s, space.distributions, schedule, constraints, self.mask)
+        check_study(s, self.mask)
         study = self._open_study(s, sampler, pruner)
         record_transfer(study, s)
         record_pruner_args(study, pruner_args)

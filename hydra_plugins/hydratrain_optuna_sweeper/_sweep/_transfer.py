@@ -30,6 +30,8 @@ from .._study._checks import Compose, check_job
 from .._study._fleet_plan import fleet_worker
 from .._study._settings import SweepSettings
 from .._study._space import SearchSpace
+from .._study._storage import Masker, open_storage
+from .._study._warm_sources import storage_exists
 from ._outcomes import classify
 
 log = logging.getLogger(__name__)
@@ -59,20 +61,31 @@ def plan_transfer(
         check_job(compose, overrides, f"{KEY}.target={list(target)}", config_name)
 
 
-def record_transfer(study: optuna.Study, s: SweepSettings) -> None:
-    """The parametrization recorded on the study (a study whose trials ran under another is
-    refused: they would not compare), and said."""
-    record, had = s.parametrization, Parametrization.of(study.user_attrs)
-    why = record.mismatch(had) if study.get_trials(deepcopy=False) else None
+def check_study(s: SweepSettings, mask: Masker) -> None:
+    """An existing study whose trials ran under another parametrization is refused before it is
+    opened (their values and this sweep's would not compare); nothing is created or written."""
+    spec, name = s.storage, s.study_name
+    if spec.kind == "memory" or name is None or not storage_exists(spec):
+        return
+    storage = open_storage(spec, mask)
+    if name not in optuna.get_all_study_names(storage):
+        return
+    study = optuna.load_study(study_name=name, storage=storage)
+    had = Parametrization.of(study.user_attrs)
+    why = s.parametrization.mismatch(had) if study.get_trials(deepcopy=False) else None
     if why:
         raise SweepConfigError(
-            f"study {study.study_name!r} {why}: its trials and this sweep's would not "
-            "compare; choose another hpo.study_name"
+            f"study {name!r} {why}: its trials and this sweep's would not compare; choose "
+            "another hpo.study_name"
         )
-    if study.user_attrs.get(RECORD) != record.attrs():
-        study.set_user_attr(RECORD, record.attrs())
-    if record.mup:
-        log.info("%s", first_line(record, study))
+
+
+def record_transfer(study: optuna.Study, s: SweepSettings) -> None:
+    """The trials' parametrization recorded on the study, and said."""
+    if study.user_attrs.get(RECORD) != s.parametrization.attrs():
+        study.set_user_attr(RECORD, s.parametrization.attrs())
+    if s.parametrization.mup:
+        log.info("%s", first_line(s.parametrization, study))
 
 
 def _parametrization(job_cfg: DictConfig, target: tuple[str, ...]) -> Parametrization:
