@@ -141,3 +141,20 @@ def test_the_export_folds_mup_into_a_standard_models_weights(arch, attn):
 def test_only_a_mup_model_has_rules_to_fold():
     assert mup_rules(model_config(base=None)) is None  # the export writes its weights as they are
     assert mup_rules(model_config(base=32)) is MODELS.get("gpt2").mup
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_every_schedule_keeps_the_hidden_groups_rate_in_proportion(schedule):
+    from app.components.schedule import build_scheduler
+    from app.config.budget import budget_of
+
+    m = model_config(width=128, base=32)
+    model = build(m)
+    t = TrainingConfig(lr=1e-3, schedule=schedule, warmup_steps=2, max_steps=10)
+    opt = OPTIMIZERS.get("adamw").create(model, t, hidden_rates(model, m, MODELS.get("gpt2").mup))
+    scheduler = build_scheduler(opt, budget_of(t, None))
+    for _ in range(6):
+        opt.step()
+        scheduler.step()
+        inputs, hidden = opt.param_groups[0]["lr"], opt.param_groups[1]["lr"]
+        assert hidden == pytest.approx(inputs / 4)

@@ -173,3 +173,13 @@ def test_mup_on_two_ranks_follows_one_process(parallelism, tmp_path):
     mine, theirs = exported(tmp_path / "two"), exported(tmp_path / "one")
     for name in theirs:
         torch.testing.assert_close(mine[name], theirs[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("optimizer", ["lion", "adafactor"])
+def test_every_optimizer_trains_under_mup(optimizer, tmp_path):
+    summary = run_training(
+        config(tiny(tmp_path, *MUP, f"training={optimizer}", "training.eval_at_start=true")),
+        tmp_path / "run",
+    )
+    assert summary.status == "completed"
+    assert summary.final_val["loss"] < summary.initial_val["loss"]

@@ -21,6 +21,7 @@ def plot_coord_check(report: CoordReport, path: Path) -> None:
 
     matplotlib.use("Agg")  # no display: a file
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     sizes, widths = report["sizes"], report["widths"]
     kinds = list(next(iter(sizes.values())))
@@ -35,7 +36,7 @@ def plot_coord_check(report: CoordReport, path: Path) -> None:
                         color=plt.cm.viridis(t / len(steps)))  # fmt: skip
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.minorticks_off()
+            ax.xaxis.set_minor_locator(NullLocator())
             ax.set_xticks(widths, [str(w) for w in widths], fontsize=7)
             ax.set_title(f"{NAMES.get(p, p)}\n{kind}", fontsize=8)
             ax.tick_params(labelsize=7)
