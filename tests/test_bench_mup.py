@@ -15,7 +15,8 @@ def _grid(p: str, width: int, seed: int, best: float, seconds: float = 1.0) -> G
     losses = {str(lr): 2.0 + abs(LRS.index(lr) - LRS.index(best)) * 0.1 for lr in LRS}
     losses[str(LRS[-1])] = None  # the largest rate diverged
     return {"width": width, "parametrization": p, "seed": seed, "losses": losses,
-            "device_seconds": [seconds] * len(LRS), "best_lr": best}  # fmt: skip
+            "device_seconds": [seconds] * len(LRS), "cpu_s": seconds * len(LRS),
+            "best_lr": best}  # fmt: skip
 
 
 def _report(standard_best: dict[int, float], pick: float, study_s: float):
@@ -23,7 +24,8 @@ def _report(standard_best: dict[int, float], pick: float, study_s: float):
         _grid(p, w, seed, standard_best[w] if p == "standard" else 4e-3, seconds=10.0)
         for p in ("standard", "mup") for w in WIDTHS for seed in (0, 1)
     ]  # fmt: skip
-    study = {"trials": [{"device_seconds": study_s}], "states": {"COMPLETE": 1}, "best_value": 2.0}
+    study = {"trials": [{"device_seconds": study_s}], "states": {"COMPLETE": 1}, "best_value": 2.0,
+             "cpu_s": study_s + 10.0}  # fmt: skip
     proxy = [{"seed": s, "study": study, "target_value": pick, "target_device_seconds": 10.0,
               "command": "python -m app.train"} for s in (0, 1)]  # fmt: skip
     return grids, proxy
@@ -45,6 +47,7 @@ def test_the_pick_is_judged_against_the_wide_grids_best_and_the_cost_against_20_
     cost = g["c_at_most_a_fifth_of_the_default_study_at_512"]
     assert cost["default_study_at_512_s"] == 200.0  # 20 trials' worth at 10 s each
     assert cost["ratio"] == pytest.approx(30.0 / 200.0) and cost["met"]
+    assert cost["cpu_ratio"] == pytest.approx(30.0 / 200.0)
     grids, proxy = _report({w: 4e-3 for w in WIDTHS}, 2.0 * 1.011, 40.0)
     g = goals(grids, proxy, LRS)
     assert not g["b_the_pick_within_1pct_at_512"]["met"]

@@ -102,7 +102,7 @@ TINY_PROXY = [
     "training.eval_every=3",
     "training.eval_samples=8",
     "training.micro_batch_size=8",
-    "hpo.n_trials=3",
+    "hpo.n_trials=2",
     "hpo.sampler=random",
     'hpo.transfer.target=["model.n_embd=64","model.n_head=4"]',
 ]

@@ -84,6 +84,7 @@ class GridRow(TypedDict):
     seed: int
     losses: dict[str, float | None]  # lr (as text) -> final validation loss (None: diverged)
     device_seconds: list[float]
+    cpu_s: float  # the grid study's process, its runs: less swayed by a loaded machine
     best_lr: float | None
 
 
@@ -151,6 +152,7 @@ def _grid_row(arm: Arm, study: StudyResult, lrs: tuple[float, ...]) -> GridRow:
         "seed": arm.seed,
         "losses": losses,
         "device_seconds": [t["device_seconds"] or 0.0 for t in study["trials"]],
+        "cpu_s": study["cpu_s"],
         "best_lr": min(finished, key=finished.__getitem__) if finished else None,
     }
 
@@ -266,12 +268,17 @@ def _goal_c(grids: list[GridRow], proxy: list[ProxyRun]) -> dict[str, object]:
     first = proxy[0]
     study_s = sum(t.get("device_seconds") or 0.0 for t in first["study"]["trials"])
     spent = study_s + (first["target_device_seconds"] or 0.0)
+    # The same in CPU-seconds (the proxy study's process runs its target too): a check that
+    # does not lean on the machine being as busy during the proxy study as during the grid
+    wide_cpu = [g["cpu_s"] / len(g["device_seconds"]) for g in grids if g["width"] == max(WIDTHS)]
+    cpu_ratio = first["study"]["cpu_s"] / (STUDY_BUDGET * statistics.median(wide_cpu))
     return {
         "proxy_study_s": study_s,
         "target_run_s": first["target_device_seconds"],
         "full_trial_at_512_s": full_trial,
         "default_study_at_512_s": default_study,
         "ratio": spent / default_study,
+        "cpu_ratio": cpu_ratio,
         "met": spent <= default_study / 5,
     }
 
