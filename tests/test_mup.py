@@ -50,8 +50,9 @@ def names(model, group) -> set[str]:
     return {n for n, p in model.named_parameters() if id(p) in ids}
 
 
-@pytest.mark.parametrize(("name", "exponent"), [("adamw", 1.0), ("lion", 1.0), ("adafactor", 0.5)])
-def test_each_hidden_group_runs_at_the_rate_divided_by_its_width_multiplier(name, exponent):
+@pytest.mark.parametrize("name", OPTIMIZERS.names())
+def test_each_hidden_group_runs_at_the_rate_divided_by_its_width_multiplier(name):
+    exponent = OPTIMIZERS.get(name).mup_exponent  # 1, or 0.5 where the step is relative
     m = model_config(width=128, base=32)  # width_mult 4, the MLP's inner width too
     model = build(m)
     groups = optimizer(model, m, name).param_groups
