@@ -57,9 +57,11 @@ def test_the_pick_is_judged_against_the_wide_grids_best_and_the_cost_against_20_
 def test_the_curves_average_the_seeds_and_leave_out_a_rate_that_diverged():
     grids, proxy = _report({w: 4e-3 for w in WIDTHS}, 2.0, 20.0)
     report = {"widths": WIDTHS, "lrs": list(LRS), "samples": 3200, "seq_len": 64, "cores": None,
-              "grids": grids, "proxy": proxy, "goals": goals(grids, proxy, LRS)}  # fmt: skip
+              "grids": grids, "proxy": proxy, "standard_proxy": proxy[:1],
+              "goals": goals(grids, proxy, LRS)}  # fmt: skip
     curves = mean_curves(report)
     assert [lr for lr, _ in curves["mup"][512]] == list(LRS[:-1])
     assert min(curves["mup"][512], key=lambda pt: pt[1]) == (4e-3, 2.0)
     table = transfer_table(report)
     assert "| mup | 512 | 1 |" in table and "**2.0000**" in table and "goal b_" in table
+    assert "under the standard parametrization, its pick at width 512 (seed 0): 2.0" in table

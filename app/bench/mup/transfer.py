@@ -107,6 +107,7 @@ class TransferReport(TypedDict):
     cores: list[int] | None
     grids: list[GridRow]
     proxy: list[ProxyRun]
+    standard_proxy: list[ProxyRun]  # the same, without μP: its pick at 512 as it is
     goals: Goals
 
 
@@ -117,15 +118,17 @@ def run_transfer_bench(
             for s in seeds]  # fmt: skip
     tasks: dict[str, Task[Done]] = {a.name: _grid_task(a, lrs, extra) for a in arms[:4]}
     tasks["proxy"] = Task(lambda core: _proxy(extra, seeds, core))
+    tasks["standard proxy"] = Task(lambda core: _standard_proxy(extra, seeds, core))
     tasks.update({a.name: _grid_task(a, lrs, extra) for a in arms[4:]})
     done = run_on_cores(tasks, cores)
     grids = [_grid_row(a, _study(done[a.name]), lrs) for a in arms]
-    proxy = done["proxy"]
-    if not isinstance(proxy, list):
-        raise TypeError("the proxy's task returns its runs")
+    proxy, standard = done["proxy"], done["standard proxy"]
+    if not isinstance(proxy, list) or not isinstance(standard, list):
+        raise TypeError("a proxy's task returns its runs")
     return {
         "widths": WIDTHS, "lrs": list(lrs), "samples": SAMPLES, "seq_len": SEQ_LEN,
-        "cores": cores, "grids": grids, "proxy": proxy, "goals": goals(grids, proxy, lrs),
+        "cores": cores, "grids": grids, "proxy": proxy, "standard_proxy": standard,
+        "goals": goals(grids, proxy, lrs),
     }  # fmt: skip
 
 
@@ -190,6 +193,30 @@ def _proxy(extra: list[str], seeds: list[int], core: int | None) -> list[ProxyRu
         value, seconds = _retrain(runs[0]["command"], seed, core)
         runs.append({"seed": seed, "study": study, "target_value": value,
                      "target_device_seconds": seconds, "command": runs[0]["command"]})  # fmt: skip
+    return runs
+
+
+STANDARD = ["model.parametrization=standard", "hpo.transfer.target=[]", "hpo.transfer.run=false"]
+
+
+def _standard_proxy(extra: list[str], seeds: list[int], core: int | None) -> list[ProxyRun]:
+    """The same default study at width 64 under the standard parametrization, its pick trained
+    at width 512 as it is: what tuning the narrow model gives the wide one without μP."""
+    base = ["+sweeps=mup_transfer", *RUN, *STANDARD]
+    study = _logged("standard proxy", run_study(
+        [*base, f"training.seed={seeds[0]}", "hpo.seed=0", *extra], core=core))  # fmt: skip
+    done = [t for t in study["trials"] if t["state"] == "COMPLETE" and t["value"] is not None]
+    best = min(done, key=lambda t: t["value"] or 0.0)["params"] if done else None
+    if best is None:
+        return []
+    wide = [f"model.n_embd={max(WIDTHS)}", f"model.n_head={WIDTHS[max(WIDTHS)]}"]
+    pick = [*base, *(f"{k}={v}" for k, v in best.items()), *wide, *extra]
+    command = " ".join(["python -m app.train", *map(shlex.quote, pick)])
+    runs: list[ProxyRun] = []
+    for seed in seeds:
+        value, seconds = _retrain(command, seed, core)
+        runs.append({"seed": seed, "study": study, "target_value": value,
+                     "target_device_seconds": seconds, "command": command})  # fmt: skip
     return runs
 
 
@@ -321,6 +348,9 @@ def transfer_table(report: TransferReport) -> str:
         target = f"{run['target_value']} ({run['target_device_seconds']} device-s)"
         lines.append(f"proxy study (width {BASE}, μP, seed {run['seed']}): {states}; best "
                      f"{study['best_value']}; target at width {max(WIDTHS)}: {target}")  # fmt: skip
+    for run in report["standard_proxy"]:
+        lines.append(f"the same study under the standard parametrization, its pick at width "
+                     f"{max(WIDTHS)} (seed {run['seed']}): {run['target_value']}")  # fmt: skip
     for goal, figures in report["goals"].items():
         lines.append(f"goal {goal}: {'met' if figures['met'] else 'MISSED'} {figures}")
     return "\n".join(lines)
