@@ -56,3 +56,14 @@ def test_the_slope_is_the_power_of_the_width():
     assert slope((32, 64, 128, 256), [1.0, 1.0, 1.0, 1.0]) == pytest.approx(0.0)
     assert slope((32, 64, 128, 256), [1.0, 2.0, 4.0, 8.0]) == pytest.approx(1.0)
     assert slope((32, 64, 128, 256), [8.0, 4 * 2**0.5, 4.0, 2 * 2**0.5]) == pytest.approx(-0.5)
+
+
+@pytest.mark.slow
+def test_adafactors_relative_step_takes_the_square_root_of_the_width_multiplier(tmp_path):
+    """Adafactor's step is relative to the weight's RMS: its hidden rate divided by
+    sqrt(width_mult) keeps the check flat (divided by width_mult the hidden layers' outputs
+    shrink with the width, undivided they grow: each fails here)."""
+    adafactor = CoordSetup(**{**SMALL.__dict__, "optimizer": "adafactor", "lr": 0.01, "steps": 20})
+    report = coord_check(adafactor, ["data.builtin_num_docs=300", f"data.cache_dir={tmp_path}"])
+    slopes = report["slopes"]["mup"]
+    assert all(abs(s) <= FLAT for s in slopes.values()), slopes
