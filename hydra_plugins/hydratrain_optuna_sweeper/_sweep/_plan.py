@@ -180,9 +180,7 @@ class OptunaSweeperImpl(Sweeper):
         # CmaEsSampler ignores constraints, and warns about each trial that has one.
         constraints = s.hpo_node and not isinstance(unwrapped(sampler), CmaEsSampler)
         warm = warm_start_for(s, space.distributions, schedule, constraints, self.mask)
-        check_study(s, self.mask)
         study = self._open_study(s, sampler, pruner)
-        record_transfer(study, s)
         record_pruner_args(study, pruner_args)
         if schedule is not None:
             describe(study, s.metrics, schedule.unit.value, schedule.last)
@@ -238,6 +236,9 @@ class OptunaSweeperImpl(Sweeper):
         sampler: optuna.samplers.BaseSampler,
         pruner: optuna.pruners.BasePruner,
     ) -> optuna.Study:
+        """The study, refused where its trials ran under another parametrization; the trials'
+        parametrization recorded on it."""
+        check_study(s, self.mask)  # before the storage is opened: a new journal is made then
         storage = open_storage(s.storage, self.mask)
         directions: list[Literal["minimize", "maximize"]] = [
             "maximize" if d == "maximize" else "minimize" for d in s.directions
@@ -260,6 +261,7 @@ class OptunaSweeperImpl(Sweeper):
             raise SweepConfigError(
                 f"{s.direction_key}={directions} but study {s.study_name!r} has {have}"
             )
+        record_transfer(study, s)
         return study
 
     def _write_multirun_yaml(self, sweep_dir: str) -> None:
