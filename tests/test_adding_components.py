@@ -71,13 +71,15 @@ PRUNERS.add(PrunerKind("quartile", build=build, compares_reports=True))
 import optuna
 import pytest
 
+from app.config.budget import ReportAxis
 from hydra_plugins.hydratrain_optuna_sweeper._pruners._kind import build_pruner
 
 pytestmark = pytest.mark.unit
 
 
 def test_quartile_stops_a_trial_in_the_worst_quarter():
-    pruner = build_pruner("quartile", {"n_startup_trials": 0, "n_warmup_steps": 0}, 1)
+    args = {"n_startup_trials": 0, "n_warmup_steps": 0}
+    pruner = build_pruner("quartile", args, 1, ReportAxis(every=1, last=10))
     study = optuna.create_study(pruner=pruner)
     for value in (1.0, 2.0, 3.0, 4.0):
         trial = study.ask()
