@@ -100,20 +100,21 @@ def test_hidden_matrices_start_at_the_base_widths_scale_and_embeddings_as_they_a
         assert ratio == pytest.approx(expected, rel=0.05), name
 
 
-def test_gpt2s_attention_uses_attn_mult_over_the_head_width():
+def test_gpt2s_attention_uses_attn_mult_times_the_base_head_widths_root_over_the_head_width():
     """The private use (app/components/models/mup/attention.py): the scores GPT-2 computes
-    follow the `scaling` set on its attention modules."""
+    follow the `scaling` set on its attention modules: attn_mult x sqrt(base_head_dim) / d_head
+    (head width 16 here, stated at a base head width of 4: the scale 3 x 2 / 16)."""
     m = dataclasses.replace(model_config(width=64, base=32), attn_implementation="eager")
-    m = dataclasses.replace(m, mup=MupConfig(base_width=32, attn_mult=3.0))
+    m = dataclasses.replace(m, mup=MupConfig(base_width=32, base_head_dim=4, attn_mult=3.0))
     model = build(m).eval()
-    assert [a.scaling for a in attention_modules(model, "GPT2Attention")] == [3.0 / 16] * 2
+    assert [a.scaling for a in attention_modules(model, "GPT2Attention")] == [3.0 * 2 / 16] * 2
     x = torch.randint(0, VOCAB, (2, 10))
     out = model(input_ids=x, output_attentions=True)
     block = model.transformer.h[0]
     h = block.ln_1(model.transformer.wte(x) + model.transformer.wpe(torch.arange(10)))
     q, k, _ = block.attn.c_attn(h).split(64, dim=2)
     q, k = (t.view(2, 10, 4, 16).transpose(1, 2) for t in (q, k))
-    scores = (q @ k.transpose(-1, -2)) * 3.0 / 16
+    scores = (q @ k.transpose(-1, -2)) * 3.0 * 2 / 16
     scores = scores.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), float("-inf"))
     torch.testing.assert_close(out.attentions[0], scores.softmax(-1), atol=1e-6, rtol=1e-5)
 

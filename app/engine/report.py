@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from app.components.models.families import mup_rules
-from app.components.models.mup import widths
+from app.components.models.mup import base_head_dim, widths
 from app.components.optim import OPTIMIZERS
 from app.components.tracking import tracked_config
 from app.config.budget import BudgetUnit
@@ -79,13 +79,16 @@ def mup_line(config: TrainConfig) -> str | None:
     if rules is None:
         return None
     w = widths(m, rules)
+    head = base_head_dim(m)
+    own = "=null, this model's head width" if m.mup.base_head_dim is None else f"={head}"
     optimizer = OPTIMIZERS.get(config.training.optimizer)
     rate = w.mult**optimizer.mup_exponent
     return (
         f"width {w.width} = {w.mult:g} x base {w.base} (model.mup.base_width): hidden matrices' "
         f"init std / {w.mult**0.5:.3g}, lr / {rate:.3g} and weight decay x {rate:.3g} "
         f"({optimizer.label}), logits x {m.mup.output_mult / w.mult:.3g}, attention scores x "
-        f"{m.mup.attn_mult:g}/d_head"
+        f"{m.mup.attn_mult:g} x sqrt({head})/d_head (model.mup.base_head_dim{own}: the "
+        f"standard scale at head width {head})"
     )
 
 

@@ -23,7 +23,11 @@ class MupConfig:
     # mup, a divisor of model.n_embd; width_mult = model.n_embd / base_width
     base_width: int | None = positive_int(None, nullable=True)
     output_mult: float = bounded(1.0, low=0.0, low_open=True)  # logits x output_mult/width_mult
-    attn_mult: float = bounded(1.0, low=0.0, low_open=True)  # attention scores x attn_mult/d_head
+    # attention scores x attn_mult x sqrt(base_head_dim) / d_head: the standard model's at the
+    # base head width, following 1/d_head as the head width grows (null: this model's own head
+    # width, the heads scaled with the width as a proxy is: the standard scale at every width)
+    base_head_dim: int | None = positive_int(None, nullable=True)
+    attn_mult: float = bounded(1.0, low=0.0, low_open=True)
 
 
 @dataclass

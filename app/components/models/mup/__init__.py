@@ -12,7 +12,9 @@ base model's), by parameter kind (docs/training.md, "μP"):
   x the same, so that lr x weight_decay, the decay per step, is unchanged (app/components/optim);
 - the logits: x output_mult / width_mult, applied to the last norm's output (what the readout
   reads: the same product, and the embedding matrix the readout shares stays one matrix);
-- attention scores: x attn_mult / d_head instead of 1 / sqrt(d_head).
+- attention scores: x attn_mult x sqrt(base_head_dim) / d_head instead of 1 / sqrt(d_head):
+  1/d_head as the head width grows from the base model's (`model.mup.base_head_dim`), the
+  constant such that the base model's attention is the standard one (`attention_scale`).
 
 A family opts in with `MupRules` (its attention modules, its last norm, its MLP width, how an
 export folds the multipliers into its weights); `apply.py` applies them when a model is built,
@@ -38,7 +40,7 @@ class Folding:
     """The multipliers an export folds into a standard model's weights."""
 
     width: int  # model.n_embd (where a fused projection's query part ends)
-    query: float  # x the query projection: (attn_mult / d_head) / (1 / sqrt(d_head))
+    query: float  # x the query projection: attention_scale(...) / (1 / sqrt(d_head))
     output: float  # x the last norm's gain (and bias): output_mult / width_mult
 
 
@@ -92,11 +94,30 @@ def base_width(m: ModelConfig) -> int:
     return m.mup.base_width
 
 
+def attention_scale(m: ModelConfig, head_dim: int) -> float:
+    """μP's scale of the attention scores at a head width: attn_mult x sqrt(base) / head_dim.
+
+    μP's rule is how the scale changes as the head width grows (as 1/d_head, so that the
+    scores, whose query and key move together, stay the size they are); the constant is free,
+    and this one makes the base model's attention the standard 1/sqrt(d_head). The base head
+    width is model.mup.base_head_dim, or, null, this model's own: with the heads scaled with
+    the width (a fixed head width, as a proxy scales them) μP's attention is then the standard
+    one at every width, attn_mult a multiplier on it."""
+    base = m.mup.base_head_dim if m.mup.base_head_dim is not None else head_dim
+    return m.mup.attn_mult * base**0.5 / head_dim
+
+
+def base_head_dim(m: ModelConfig) -> int:
+    """The head width μP's attention is stated at (model.mup.base_head_dim, null: this
+    model's own)."""
+    return m.mup.base_head_dim if m.mup.base_head_dim is not None else m.n_embd // m.n_head
+
+
 def folding(m: ModelConfig, rules: MupRules) -> Folding:
     head_dim = m.n_embd // m.n_head
     return Folding(
         width=m.n_embd,
-        query=m.mup.attn_mult / head_dim**0.5,
+        query=attention_scale(m, head_dim) * head_dim**0.5,
         output=m.mup.output_mult / widths(m, rules).mult,
     )
 

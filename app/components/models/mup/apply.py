@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.components.models.mup import MupRules, widths
+from app.components.models.mup import MupRules, attention_scale, widths
 from app.components.models.mup.attention import set_attention_scale
 from app.components.optim import HiddenMatrices
 
@@ -24,7 +24,7 @@ def apply_mup(model: torch.nn.Module, m: ModelConfig, rules: MupRules) -> None:
     with torch.no_grad():  # variance ∝ 1/fan_in: the standard model's at the base width
         for p, fan_in in hidden_matrices(model):
             p.mul_(w.of_fan_in(fan_in) ** -0.5)
-    set_attention_scale(model, rules.attention, m.mup.attn_mult)
+    set_attention_scale(model, rules.attention, lambda head_dim: attention_scale(m, head_dim))
     rules.final_norm(model).register_forward_hook(Multiply(m.mup.output_mult / w.mult))
 
 

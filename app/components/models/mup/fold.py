@@ -1,6 +1,6 @@
 """A μP model as a standard one, for an export that transformers loads alone: the attention
-scale folded into the query projections (scores x attn_mult/d_head = (q x attn_mult/sqrt(d_head))
-. k / sqrt(d_head)), the logits' multiplier into the last norm's gain and bias (the readout reads
+scale folded into the query projections (scores x s = (q x s sqrt(d_head)) . k / sqrt(d_head),
+s = attn_mult sqrt(base head width) / d_head), the logits' multiplier into the last norm's gain and bias (the readout reads
 only it). The tied embedding matrix stays as trained: the input embeddings read it too."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 
-from app.components.models.mup import MupRules, folding
+from app.components.models.mup import MupRules, base_head_dim, folding
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +38,7 @@ def export_record(m: ModelConfig) -> dict[str, object]:
         "parametrization": "mup",
         "base_width": m.mup.base_width,
         "output_mult": m.mup.output_mult,
+        "base_head_dim": base_head_dim(m),  # resolved: the head width its attention is stated at
         "attn_mult": m.mup.attn_mult,
         "folded": "the attention scale into the query projections, the logits' multiplier into "
         "the last norm: a standard model",
