@@ -204,6 +204,7 @@ CASES = [
     ),
     ("mup-word", ["model.parametrization=mu"], "model.parametrization='mu' is not allowed"),
     ("mup-output-mult", ["model.mup.output_mult=0"], "model.mup.output_mult=0.0 must be"),
+    ("mup-head-dim", ["model.mup.base_head_dim=0"], "model.mup.base_head_dim=0 must be"),
     (
         "mup-family",
         ["experiment=nli_tiny", "model.parametrization=mup", "model.mup.base_width=32"],
@@ -407,6 +408,16 @@ SWEEP_CASES = [
             'hpo.transfer.target=["model.n_embd=48"]',
         ],
         "model.mup.base_width=32 must divide model.n_embd=48",
+    ),
+    (
+        "transfer-head-width",
+        [
+            "model.parametrization=mup",
+            "model.mup.base_width=32",
+            'hpo.transfer.target=["model.n_head=1"]',
+        ],
+        "the target states μP's attention at head width 32 (model.mup.base_head_dim=null, its "
+        "own head width), the trials at 16",
     ),
     (
         "study-other-parametrization",

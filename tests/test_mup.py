@@ -119,13 +119,50 @@ def test_gpt2s_attention_uses_attn_mult_times_the_base_head_widths_root_over_the
     torch.testing.assert_close(out.attentions[0], scores.softmax(-1), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("width", "heads", "base_head_dim", "scale"),
+    [
+        (32, 1, None, 32**-0.5),  # heads scaled with the width: the standard scale at each width
+        (128, 4, None, 32**-0.5),
+        (32, 2, 16, 16**-0.5),  # at the base head width: the standard scale
+        (64, 2, 16, 16**-0.5 / 2),  # the head width doubled: the scale halves (1/d_head)
+        (128, 2, 16, 16**-0.5 / 4),
+    ],
+)
+def test_the_attention_is_the_standard_one_at_the_base_head_width_and_follows_1_over_d_head(
+    width, heads, base_head_dim, scale
+):
+    m = dataclasses.replace(
+        model_config(width=width, base=32),
+        n_head=heads,
+        mup=MupConfig(32, base_head_dim=base_head_dim),
+    )
+    scales = [a.scaling for a in attention_modules(build(m), "GPT2Attention")]
+    assert scales == [pytest.approx(scale, rel=1e-12)] * 2
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_mup_at_its_base_width_computes_the_standard_models_logits(arch):
+    """width_mult 1: every rule is the identity there, the attention scale included."""
+    m = dataclasses.replace(model_config(arch, width=64, base=64), attn_implementation="eager")
+    mup = build(m).eval()
+    with torch.no_grad():  # weights away from their initialization, as training leaves them
+        for p in mup.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    standard = build(dataclasses.replace(m, parametrization="standard")).eval()
+    standard.load_state_dict(mup.state_dict())
+    x = torch.randint(0, VOCAB, (2, 16))
+    got, want = mup(input_ids=x).logits, standard(input_ids=x).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_the_export_folds_mup_into_a_standard_models_weights(arch, attn):
     m = ModelConfig(
         name="t", arch=arch, n_layer=2, n_head=4, n_embd=128, max_position_embeddings=32,
         attn_implementation=attn, parametrization="mup",
-        mup=MupConfig(base_width=32, output_mult=2.0, attn_mult=1.5),
+        mup=MupConfig(base_width=32, output_mult=2.0, base_head_dim=8, attn_mult=1.5),
     )  # fmt: skip
     trained = build(m).eval()
     with torch.no_grad():  # weights away from their initialization, as training leaves them

@@ -30,7 +30,9 @@ def mup_run(tmp_path_factory) -> Path:
     """A completed μP run through the real entrypoint, exported."""
     base = tmp_path_factory.mktemp("mup")
     run = base / "run"
-    train_here(*tiny(base), *MUP, "model.mup.attn_mult=3", f"hydra.run.dir={run}")
+    # head width 16, its attention stated at head width 4: the scale 3 x 2 / 16 to fold
+    heads = ["model.mup.base_head_dim=4", "model.mup.attn_mult=3"]
+    train_here(*tiny(base), *MUP, *heads, f"hydra.run.dir={run}")
     return run
 
 
@@ -60,6 +62,7 @@ def test_the_export_loads_in_transformers_and_gives_the_trained_models_logits(mu
     marker = json.loads((mup_run / "model" / "hydratrain_export.json").read_text())
     assert marker["trained_under"]["parametrization"] == "mup"
     assert marker["trained_under"]["base_width"] == 16
+    assert marker["trained_under"]["base_head_dim"] == 4
 
 
 LOGITS = """
@@ -127,6 +130,8 @@ def test_a_mup_run_stopped_and_resumed_continues_its_trajectory(tmp_path):
          "model.parametrization=standard"),
         (MUP, [*MUP, "model.mup.base_width=8"], "trained with model.mup.base_width=16, this run "
          "has model.mup.base_width=8"),
+        (MUP, [*MUP, "model.mup.base_head_dim=4"], "trained with model.mup.base_head_dim=null, "
+         "this run has model.mup.base_head_dim=4"),
     ],
 )  # fmt: skip
 def test_a_resume_under_another_parametrization_is_refused(first, then, needle, tmp_path):
@@ -136,6 +141,22 @@ def test_a_resume_under_another_parametrization_is_refused(first, then, needle, 
     with pytest.raises(ConfigError, match="resume with the same model") as refused:
         run_training(again, tmp_path / "next")
     assert needle in str(refused.value)
+
+
+def test_a_checkpoint_from_before_the_base_head_width_resumes_at_its_old_attention_scale(tmp_path):
+    """A μP checkpoint that does not record model.mup.base_head_dim was trained at
+    attn_mult / d_head: a base head width of 1, which a resume must then set."""
+    from app.engine.start_checks import check_resume_matches, model_identity
+
+    old = model_identity(config(tiny(tmp_path, *MUP, "model.mup.base_head_dim=1")))
+    del old["model"]["mup"]["base_head_dim"]  # type: ignore[index]
+    with pytest.raises(ConfigError, match="resume with the same model") as refused:
+        check_resume_matches(config(tiny(tmp_path, *MUP)), tmp_path / "step.pt", old)
+    assert "trained with model.mup.base_head_dim=1, this run has model.mup.base_head_dim=null" in (
+        str(refused.value)
+    )
+    same = config(tiny(tmp_path, *MUP, "model.mup.base_head_dim=1"))
+    check_resume_matches(same, tmp_path / "step.pt", old)  # the old scale: accepted
 
 
 def test_accumulation_and_oom_recovery_train_a_mup_model_as_one_micro_batch_does(tmp_path):

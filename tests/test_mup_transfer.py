@@ -22,12 +22,15 @@ from hydra_plugins.hydratrain_optuna_sweeper._study._warm_start import Target, p
 pytestmark = pytest.mark.integration
 
 MUP_32 = Parametrization("mup", base_width=32, width=32)
+HEADS_16 = Parametrization("mup", base_width=32, width=32, base_head_dim=16)
+# A μP study recorded before the base head width: its attention was attn_mult / d_head
+OLD_MUP = {"name": "mup", "base_width": 32, "width": 32, "target": []}
 SPACE = {"training.lr": FloatDistribution(1e-4, 1e-1, log=True)}
 
 
-def _source(tmp_path: Path, record: Parametrization | None) -> str:
+def _source(tmp_path: Path, record: Parametrization | dict[str, object] | None) -> str:
     """A finished study of four learning rates (best: 0.003), recorded as `record` (None: a
-    study from before the record, i.e. of the standard parametrization)."""
+    study from before the record, i.e. of the standard parametrization; a dict: as stored)."""
     path = str(tmp_path / "old.journal")
     study = optuna.create_study(study_name="old", storage=journal(path))
     for lr, value in ((0.001, 2.0), (0.003, 1.5), (0.01, 1.8), (0.03, 3.0)):
@@ -35,7 +38,7 @@ def _source(tmp_path: Path, record: Parametrization | None) -> str:
             optuna.trial.create_trial(params={"training.lr": lr}, distributions=SPACE, value=value)
         )
     if record is not None:
-        study.set_user_attr(RECORD, record.attrs())
+        study.set_user_attr(RECORD, record if isinstance(record, dict) else record.attrs())
     return path
 
 
@@ -66,6 +69,10 @@ def test_a_mup_proxys_values_enter_a_mup_target_as_they_are(tmp_path):
          "this study under model.parametrization=standard"),
         (MUP_32, Parametrization("mup", base_width=64, width=64),
          "states its hyperparameters at model.mup.base_width=32, this study at 64"),
+        (HEADS_16, Parametrization("mup", base_width=32, width=128, base_head_dim=32),
+         "states its attention at head width 16 (model.mup.base_head_dim), this study at 32"),
+        (OLD_MUP, HEADS_16, "states its attention at head width 1 (model.mup.base_head_dim), "
+         "this study at 16"),
     ],
 )  # fmt: skip
 def test_values_of_another_parametrization_are_refused_unless_asked(source, here, needle, tmp_path):
@@ -126,7 +133,9 @@ def test_a_proxy_study_gives_and_runs_the_targets_command(tmp_path, monkeypatch,
         study_name="mup_proxy-tiny_gpt2-tiny_corpus", storage=journal(str(storage))
     )
     recorded = Parametrization.of(study.user_attrs)
-    assert recorded == Parametrization("mup", 32, 32, ("model.n_embd=64", "model.n_head=4"))
+    # head width 16, the proxy's and the target's: null means each model's own, the same here
+    target = ("model.n_embd=64", "model.n_head=4")
+    assert recorded == Parametrization("mup", 32, 32, target, base_head_dim=16)
     lines = (out.out + out.err).splitlines()
     first = next(line for line in lines if "μP at width 32 (model.mup.base_width=32)" in line)
     assert "the target (model.n_embd=64 model.n_head=4) trains with" in first
@@ -134,6 +143,7 @@ def test_a_proxy_study_gives_and_runs_the_targets_command(tmp_path, monkeypatch,
     results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     transfer, best = results["transfer"], results["best_params"]
     assert transfer["base_width"] == 32 and transfer["proxy_width"] == 32
+    assert transfer["base_head_dim"] == 16
     command = transfer["command"].split()
     assert command[:3] == ["python", "-m", "app.train"]
     assert {f"{k}={v}" for k, v in best.items()} <= set(command)  # the best values as they are

@@ -42,9 +42,20 @@ TOKENIZER_KEYS = ("data.tokenizer", "data.tokenizer_vocab_size")
 # How the width shapes the model (μP: its init scale, multipliers and rates per group): a
 # checkpoint resumes only under the parametrization it was trained with.
 PARAMETRIZATION_KEYS = ("model.parametrization",)
-MUP_KEYS = ("model.mup.base_width", "model.mup.output_mult", "model.mup.attn_mult")
-# What a checkpoint written before a key existed was trained with.
-SHAPE_DEFAULTS = {"task.name": "causal_lm", "model.parametrization": "standard"}
+MUP_KEYS = (
+    "model.mup.base_width",
+    "model.mup.output_mult",
+    "model.mup.base_head_dim",
+    "model.mup.attn_mult",
+)
+# What a checkpoint written before a key existed was trained with (μP's attention scale was
+# attn_mult / d_head before model.mup.base_head_dim: the same as a base head width of 1).
+SHAPE_DEFAULTS = {
+    "task.name": "causal_lm",
+    "model.parametrization": "standard",
+    "model.mup.base_head_dim": 1,
+}
+ABSENT = object()  # a key the checkpoint's record does not have (null is a value)
 
 
 class AlreadyComplete(Exception):
@@ -215,14 +226,19 @@ def check_resume_matches(
         return
     now = model_identity(config)
     for key in shape_keys(config):
-        old = _select(saved, key)
-        old = SHAPE_DEFAULTS.get(key) if old is None else old
+        old = _select(saved, key, ABSENT)
+        old = SHAPE_DEFAULTS.get(key) if old is ABSENT else old
         new = _select(now, key)
         if old != new:
             raise ConfigError(
-                f"training.resume={checkpoint}: the checkpoint was trained with {key}={old}, this "
-                f"run has {key}={new}; resume with the same model or start a new run"
+                f"training.resume={checkpoint}: the checkpoint was trained with {key}="
+                f"{_shown(old)}, this run has {key}={_shown(new)}; resume with the same model or "
+                "start a new run"
             )
+
+
+def _shown(value: object) -> str:
+    return "null" if value is None else str(value)
 
 
 def shape_keys(config: TrainConfig) -> tuple[str, ...]:
@@ -248,10 +264,11 @@ def check_resume_batch(
         )
 
 
-def _select(tree: Mapping[str, object], dotted: str) -> object:
+def _select(tree: Mapping[str, object], dotted: str, absent: object = None) -> object:
+    """The value at a dotted key, or `absent`."""
     node: object = tree
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return absent
         node = node[part]
     return node

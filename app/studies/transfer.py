@@ -4,10 +4,10 @@ study and its target").
 
 The sweeper records a `Parametrization` on every study it runs (a study user attribute, read
 back by a later study's warm start, which takes values only between studies of the same
-parametrization and base width), and with `hpo.transfer.target` the overrides that make the
-proxy the target. optimization_results.yaml and report.html then give the target's command: the
-best trial's own overrides, the target's after them; with `hpo.transfer.run` the sweep runs it
-once the study ends and records how it went (`TargetRun`).
+parametrization, base width and base head width), and with `hpo.transfer.target` the overrides
+that make the proxy the target. optimization_results.yaml and report.html then give the target's
+command: the best trial's own overrides, the target's after them; with `hpo.transfer.run` the
+sweep runs it once the study ends and records how it went (`TargetRun`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ class Parametrization:
     base_width: int | None = None  # model.mup.base_width (μP)
     width: int | None = None  # model.n_embd of its trials (the proxy's)
     target: tuple[str, ...] = ()  # hpo.transfer.target: the overrides that make the target
+    # The head width μP's attention is stated at (model.mup.base_head_dim, or null's meaning:
+    # the trials' own head width): the scale attn_mult means a multiple of
+    base_head_dim: int | None = None
 
     def attrs(self) -> dict[str, object]:
         return {**asdict(self), "target": list(self.target)}
@@ -40,11 +43,16 @@ class Parametrization:
         if not isinstance(found, Mapping):
             return cls()
         base, width, target = found.get("base_width"), found.get("width"), found.get("target")
+        name = str(found.get("name", "standard"))
+        # A μP study recorded before the base head width existed scaled its attention by
+        # attn_mult / d_head: a base head width of 1
+        head = found.get("base_head_dim", 1 if name == "mup" else None)
         return cls(
-            name=str(found.get("name", "standard")),
+            name=name,
             base_width=base if isinstance(base, int) else None,
             width=width if isinstance(width, int) else None,
             target=tuple(str(t) for t in target) if isinstance(target, list) else (),
+            base_head_dim=head if isinstance(head, int) else None,
         )
 
     @property
@@ -66,6 +74,11 @@ class Parametrization:
             return (
                 f"states its hyperparameters at model.mup.base_width={source.base_width}, this "
                 f"study at {self.base_width}"
+            )
+        if self.mup and source.base_head_dim != self.base_head_dim:
+            return (
+                f"states its attention at head width {source.base_head_dim} "
+                f"(model.mup.base_head_dim), this study at {self.base_head_dim}"
             )
         return None
 
@@ -110,6 +123,7 @@ class Transfer:
         return {
             "parametrization": r.name,
             "base_width": r.base_width,
+            "base_head_dim": r.base_head_dim,
             "proxy_width": r.width,
             "target": list(r.target),
             **({"command": self.command} if self.command else {}),

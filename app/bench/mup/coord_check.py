@@ -2,14 +2,15 @@
 Programs V", section 8; the `mup` package's `get_coord_data`, whose method this follows).
 
 A few AdamW steps of the tiny GPT-2 at widths 64 to 512 (8x) on the built-in corpus, under each
-parametrization, built and stepped by the trainer's own code (the family's build, the optimizer's
-groups); at each step the mean absolute value of the activations of each layer kind, averaged
-over layers and seeds. The number of heads is fixed, so the head width grows with the model and
-the attention scale's rule shows (with heads scaling and the head width fixed, 1/d_head and
-1/sqrt(d_head) differ by a constant). Under μP every kind stays flat as the width grows; under
-the standard parametrization the logits (and what a too-large update feeds) grow. A rule broken
-shows as one line that grows: its slope (log size against log width, at the last step) is the
-check's number.
+parametrization, built and stepped by the trainer's own code (the family's build, the
+optimizer's groups); at each step the mean absolute value of the activations of each layer kind,
+averaged over layers and seeds. The number of heads is fixed, so the head width grows with the
+model and the attention scale's rule shows (with heads scaling and the head width fixed,
+1/d_head and 1/sqrt(d_head) differ by a constant): μP's attention is stated at the base width's
+head width (model.mup.base_head_dim), the standard scale there, 1/d_head from it. Under μP every
+kind stays flat as the width grows; under the standard parametrization the logits (and what a
+too-large update feeds) grow. A rule broken shows as one line that grows: its slope (log size
+against log width, at the last step) is the check's number.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def overrides(setup: CoordSetup, width: int, parametrization: str, seed: int) ->
         f"model.n_layer={setup.n_layer}",
         f"model.parametrization={parametrization}",
         f"model.mup.base_width={setup.base_width}",
+        f"model.mup.base_head_dim={setup.base_width // setup.n_head}",  # the head width grows
         f"data.seq_len={setup.seq_len}",
         f"training.optimizer={setup.optimizer}",
         f"training.lr={setup.lr}",

@@ -59,6 +59,7 @@ def transfer_table(transfer: Transfer) -> str:
     rows: list[tuple[str, object]] = [
         ("trials at width", r.width),
         ("base width (model.mup.base_width)", r.base_width),
+        ("base head width (model.mup.base_head_dim)", r.base_head_dim),
         ("target (hpo.transfer.target)", " ".join(r.target) or "none given"),
     ]
     if run is not None:

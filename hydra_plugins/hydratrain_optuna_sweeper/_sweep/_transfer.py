@@ -58,7 +58,22 @@ def plan_transfer(
         )
     if target:
         overrides = target_overrides([*space.fixed_overrides({}), *space.deletions], target)
-        check_job(compose, overrides, f"{KEY}.target={list(target)}", config_name)
+        where = f"{KEY}.target={list(target)}"
+        _check_head_width(check_job(compose, overrides, where, config_name), record, where)
+
+
+def _check_head_width(target: DictConfig, proxy: Parametrization, where: str) -> None:
+    """The target's attention stated at the proxy's head width: null means each model's own,
+    which a target whose head width grows does not share (its attn_mult would mean another
+    scale)."""
+    head = _base_head_dim(target)
+    if head != proxy.base_head_dim:
+        raise SweepConfigError(
+            f"{where}: the target states μP's attention at head width {head} "
+            f"(model.mup.base_head_dim={_given(target)}), the trials at "
+            f"{proxy.base_head_dim}: their values hold there only; set "
+            f"model.mup.base_head_dim={proxy.base_head_dim} (the proxy's head width)"
+        )
 
 
 def check_study(s: SweepSettings, mask: Masker) -> None:
@@ -97,7 +112,23 @@ def _parametrization(job_cfg: DictConfig, target: tuple[str, ...]) -> Parametriz
         base_width=base if name == "mup" else None,
         width=width if isinstance(width, int) else None,
         target=target,
+        base_head_dim=_base_head_dim(job_cfg) if name == "mup" else None,
     )
+
+
+def _base_head_dim(job_cfg: DictConfig) -> int | None:
+    """model.mup.base_head_dim, or (null) the job's own head width."""
+    given = OmegaConf.select(job_cfg, "model.mup.base_head_dim", default=None)
+    if isinstance(given, int):
+        return given
+    width = OmegaConf.select(job_cfg, "model.n_embd", default=None)
+    heads = OmegaConf.select(job_cfg, "model.n_head", default=None)
+    return width // heads if isinstance(width, int) and isinstance(heads, int) else None
+
+
+def _given(job_cfg: DictConfig) -> str:
+    given = OmegaConf.select(job_cfg, "model.mup.base_head_dim", default=None)
+    return "null, its own head width" if given is None else str(given)
 
 
 def first_line(record: Parametrization, study: optuna.Study) -> str:

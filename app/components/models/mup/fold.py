@@ -1,7 +1,8 @@
-"""A μP model as a standard one, for an export that transformers loads alone: the attention
-scale folded into the query projections (scores x s = (q x s sqrt(d_head)) . k / sqrt(d_head),
-s = attn_mult sqrt(base head width) / d_head), the logits' multiplier into the last norm's gain and bias (the readout reads
-only it). The tied embedding matrix stays as trained: the input embeddings read it too."""
+"""A μP model as a standard one, for an export that transformers loads alone: the attention scale
+folded into the query projections (scores x s = (q x s sqrt(d_head)) . k / sqrt(d_head), s =
+attn_mult sqrt(base head width) / d_head), the logits' multiplier into the last norm's gain and
+bias (the readout reads only it). The tied embedding matrix stays as trained: the input
+embeddings read it too."""
 
 from __future__ import annotations
 
