@@ -65,3 +65,27 @@ def test_the_curves_average_the_seeds_and_leave_out_a_rate_that_diverged():
     table = transfer_table(report)
     assert "| mup | 512 | 1 |" in table and "**2.0000**" in table and "goal b_" in table
     assert "under the standard parametrization, its pick at width 512 (seed 0): 2.0" in table
+
+
+def test_reuse_takes_the_standard_studies_of_an_earlier_log_and_runs_no_study_again(monkeypatch):
+    from app.bench.mup import transfer
+
+    log = "\n".join([
+        'standard width 512 seed 0: {"best_value": 0.7, "trials": []}',
+        'mup width 512 seed 0: {"best_value": 1.9, "trials": []}',
+        'standard proxy: {"best_value": 1.16, "trials": []}',
+        "proxy: {}",
+        "a line of progress",
+    ])  # fmt: skip
+    earlier = transfer.earlier_standard_studies(log)
+    assert earlier == {"standard width 512 seed 0": {"best_value": 0.7, "trials": []},
+                       "standard proxy": {"best_value": 1.16, "trials": []}}  # fmt: skip
+
+    def ran(*_: object, **__: object) -> None:
+        raise AssertionError("a reused study was run again")
+
+    monkeypatch.setattr(transfer, "run_study", ran)
+    task = transfer._grid_task(transfer.Arm(512, "standard", 0), LRS, [], earlier)
+    assert task.run(None) == earlier["standard width 512 seed 0"]
+    with pytest.raises(AssertionError, match="run again"):
+        transfer._grid_task(transfer.Arm(512, "mup", 0), LRS, [], earlier).run(None)

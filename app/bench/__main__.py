@@ -13,7 +13,12 @@ from app.bench import __doc__ as package_doc
 from app.bench.mup.coord_check import CoordSetup, coord_check, coord_table
 from app.bench.mup.figures import plot_coord_check, plot_lr_transfer
 from app.bench.mup.transfer import LRS as MUP_LRS
-from app.bench.mup.transfer import mean_curves, run_transfer_bench, transfer_table
+from app.bench.mup.transfer import (
+    earlier_standard_studies,
+    mean_curves,
+    run_transfer_bench,
+    transfer_table,
+)
 from app.bench.studies.batch_budget import batch_budget_table, run_batch_budget_bench
 from app.bench.studies.batch_schedule import (
     FRACTIONS,
@@ -116,8 +121,9 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         plot_coord_check(coords, png)
         return {"machine": machine_info(), **coords}, f"{coord_table(coords)}\n\nplot: {png}"
     if args.mup_transfer:
+        earlier = earlier_standard_studies(Path(args.reuse).read_text()) if args.reuse else {}
         transfer = run_transfer_bench(
-            args.overrides, _seeds(args), _cores(args), args.lrs or MUP_LRS
+            args.overrides, _seeds(args), _cores(args), args.lrs or MUP_LRS, earlier
         )
         png = Path(args.json or default_json_path(args)).with_suffix(".png")
         plot_lr_transfer(mean_curves(transfer), png, "validation loss against the rate")
@@ -258,7 +264,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"(default none; of {', '.join(LR_SCALINGS)})",
     )
     p.add_argument(
-        "--reuse", help="default-study: take the grid and Trainer studies from this earlier stderr"
+        "--reuse",
+        help="default-study: take the grid and Trainer studies from this earlier stderr; "
+        "mup-transfer: the standard parametrization's studies (for a change of μP alone)",
     )
     p.add_argument(
         "--reuse-unpruned",

@@ -29,6 +29,8 @@ widest first.
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 import statistics
 import sys
@@ -111,15 +113,33 @@ class TransferReport(TypedDict):
     goals: Goals
 
 
+# What a change of μP alone leaves as it was: the standard parametrization's studies, which an
+# earlier run printed on stderr (`_logged`) and `--reuse` takes instead of running them again
+REUSABLE = re.compile(r"^(standard width \d+ seed \d+|standard proxy): (\{.*\})$")
+
+
+def earlier_standard_studies(log: str) -> dict[str, StudyResult]:
+    """The standard parametrization's grid studies and proxy study in an earlier run's stderr,
+    by name (the proxy's pick is trained at the target width again: its runs are not logged)."""
+    return {m[1]: json.loads(m[2]) for line in log.splitlines() if (m := REUSABLE.match(line))}
+
+
 def run_transfer_bench(
-    extra: list[str], seeds: list[int], cores: list[int] | None, lrs: tuple[float, ...] = LRS
+    extra: list[str],
+    seeds: list[int],
+    cores: list[int] | None,
+    lrs: tuple[float, ...] = LRS,
+    reuse: dict[str, StudyResult] | None = None,
 ) -> TransferReport:
+    reuse = reuse or {}
     arms = [Arm(w, p, s) for w in sorted(WIDTHS, reverse=True) for p in PARAMETRIZATIONS
             for s in seeds]  # fmt: skip
-    tasks: dict[str, Task[Done]] = {a.name: _grid_task(a, lrs, extra) for a in arms[:4]}
+    tasks: dict[str, Task[Done]] = {a.name: _grid_task(a, lrs, extra, reuse) for a in arms[:4]}
     tasks["proxy"] = Task(lambda core: _proxy(extra, seeds, core))
-    tasks["standard proxy"] = Task(lambda core: _standard_proxy(extra, seeds, core))
-    tasks.update({a.name: _grid_task(a, lrs, extra) for a in arms[4:]})
+    tasks["standard proxy"] = Task(
+        lambda core: _standard_proxy(extra, seeds, core, reuse.get("standard proxy"))
+    )
+    tasks.update({a.name: _grid_task(a, lrs, extra, reuse) for a in arms[4:]})
     done = run_on_cores(tasks, cores)
     grids = [_grid_row(a, _study(done[a.name]), lrs) for a in arms]
     proxy, standard = done["proxy"], done["standard proxy"]
@@ -132,8 +152,12 @@ def run_transfer_bench(
     }  # fmt: skip
 
 
-def _grid_task(arm: Arm, lrs: tuple[float, ...], extra: list[str]) -> Task[Done]:
+def _grid_task(
+    arm: Arm, lrs: tuple[float, ...], extra: list[str], reuse: dict[str, StudyResult]
+) -> Task[Done]:
     def run(core: int | None) -> Done:
+        if arm.name in reuse:
+            return reuse[arm.name]
         return _logged(arm.name, run_study([*arm.overrides(lrs), *extra], core=core))
 
     return Task(run)
@@ -199,11 +223,14 @@ def _proxy(extra: list[str], seeds: list[int], core: int | None) -> list[ProxyRu
 STANDARD = ["model.parametrization=standard", "hpo.transfer.target=[]", "hpo.transfer.run=false"]
 
 
-def _standard_proxy(extra: list[str], seeds: list[int], core: int | None) -> list[ProxyRun]:
-    """The same default study at width 64 under the standard parametrization, its pick trained
-    at width 512 as it is: what tuning the narrow model gives the wide one without μP."""
+def _standard_proxy(
+    extra: list[str], seeds: list[int], core: int | None, earlier: StudyResult | None = None
+) -> list[ProxyRun]:
+    """The same default study at width 64 under the standard parametrization (or an earlier
+    run's), its pick trained at width 512 as it is: what tuning the narrow model gives the wide
+    one without μP."""
     base = ["+sweeps=mup_transfer", *RUN, *STANDARD]
-    study = _logged("standard proxy", run_study(
+    study = earlier or _logged("standard proxy", run_study(
         [*base, f"training.seed={seeds[0]}", "hpo.seed=0", *extra], core=core))  # fmt: skip
     done = [t for t in study["trials"] if t["state"] == "COMPLETE" and t["value"] is not None]
     best = min(done, key=lambda t: t["value"] or 0.0)["params"] if done else None
@@ -227,8 +254,6 @@ def _number(mapping: object, key: str) -> float | None:
 
 def _retrain(command: str | None, seed: int, core: int | None) -> tuple[float | None, float | None]:
     """The target command at another training seed: (final validation loss, device-seconds)."""
-    import json
-
     if command is None:
         return None, None
     overrides = shlex.split(command)[3:]  # after "python -m app.train"
@@ -244,8 +269,6 @@ def _retrain(command: str | None, seed: int, core: int | None) -> tuple[float | 
 
 def _logged(name: str, result: StudyResult) -> StudyResult:
     """Each study's result on stderr as it ends: a bench of hours keeps what it measured."""
-    import json
-
     print(f"{name}: {json.dumps(result, default=str)}", file=sys.stderr, flush=True)
     return result
 
