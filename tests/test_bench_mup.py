@@ -67,25 +67,27 @@ def test_the_curves_average_the_seeds_and_leave_out_a_rate_that_diverged():
     assert "under the standard parametrization, its pick at width 512 (seed 0): 2.0" in table
 
 
-def test_reuse_takes_the_standard_studies_of_an_earlier_log_and_runs_no_study_again(monkeypatch):
+def test_reuse_takes_the_studies_an_earlier_log_holds_and_runs_no_study_again(monkeypatch):
     from app.bench.mup import transfer
 
     log = "\n".join([
         'standard width 512 seed 0: {"best_value": 0.7, "trials": []}',
-        'mup width 512 seed 0: {"best_value": 1.9, "trials": []}',
+        'mup width 64 seed 1: {"best_value": 1.9, "trials": []}',
         'standard proxy: {"best_value": 1.16, "trials": []}',
-        "proxy: {}",
+        'proxy: {"best_value": 1.14, "trials": []}',
         "a line of progress",
     ])  # fmt: skip
-    earlier = transfer.earlier_standard_studies(log)
-    assert earlier == {"standard width 512 seed 0": {"best_value": 0.7, "trials": []},
-                       "standard proxy": {"best_value": 1.16, "trials": []}}  # fmt: skip
+    earlier = transfer.earlier_transfer_studies(log)
+    assert set(earlier) == {"standard width 512 seed 0", "mup width 64 seed 1", "standard proxy"}
+    assert earlier["mup width 64 seed 1"] == {"best_value": 1.9, "trials": []}
 
     def ran(*_: object, **__: object) -> None:
-        raise AssertionError("a reused study was run again")
+        raise AssertionError("a study was run")
 
     monkeypatch.setattr(transfer, "run_study", ran)
-    task = transfer._grid_task(transfer.Arm(512, "standard", 0), LRS, [], earlier)
-    assert task.run(None) == earlier["standard width 512 seed 0"]
-    with pytest.raises(AssertionError, match="run again"):
+    for arm in (transfer.Arm(512, "standard", 0), transfer.Arm(64, "mup", 1)):
+        assert transfer._grid_task(arm, LRS, [], earlier).run(None) == earlier[arm.name]
+    with pytest.raises(AssertionError, match="was run"):  # a grid the log does not hold
         transfer._grid_task(transfer.Arm(512, "mup", 0), LRS, [], earlier).run(None)
+    with pytest.raises(AssertionError, match="was run"):  # the μP proxy study: always run
+        transfer._proxy([], [0, 1], None)

@@ -147,6 +147,9 @@ def test_a_proxy_study_gives_and_runs_the_targets_command(tmp_path, monkeypatch,
     command = transfer["command"].split()
     assert command[:3] == ["python", "-m", "app.train"]
     assert {f"{k}={v}" for k, v in best.items()} <= set(command)  # the best values as they are
+    # μP's multipliers are searched beside the default space, and handed on like the rate
+    assert {"model.mup.output_mult", "model.mup.attn_mult", "training.lr"} <= set(best)
+    assert config_of_target_has_multipliers(sweep, best)
     assert command[-3:] == ["model.n_embd=64", "model.n_head=4", "training.export=true"]
     assert "model.n_embd=32" not in command and not any(c.startswith("hpo.") for c in command)
 
@@ -159,3 +162,12 @@ def test_a_proxy_study_gives_and_runs_the_targets_command(tmp_path, monkeypatch,
     assert config["model"]["n_embd"] == 64 and config["model"]["parametrization"] == "mup"
     assert (sweep / "target" / "model" / "model.safetensors").is_file()
     assert transfer["command"] in (sweep / "report.html").read_text().replace("&#x27;", "'")
+
+
+def config_of_target_has_multipliers(sweep, best) -> bool:
+    config = yaml.safe_load((sweep / "target" / ".hydra" / "config.yaml").read_text())
+    mup = config["model"]["mup"]
+    return (mup["output_mult"], mup["attn_mult"]) == (
+        best["model.mup.output_mult"],
+        best["model.mup.attn_mult"],
+    )

@@ -14,7 +14,7 @@ from app.bench.mup.coord_check import CoordSetup, coord_check, coord_table
 from app.bench.mup.figures import plot_coord_check, plot_lr_transfer
 from app.bench.mup.transfer import LRS as MUP_LRS
 from app.bench.mup.transfer import (
-    earlier_standard_studies,
+    earlier_transfer_studies,
     mean_curves,
     run_transfer_bench,
     transfer_table,
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         plot_coord_check(coords, png)
         return {"machine": machine_info(), **coords}, f"{coord_table(coords)}\n\nplot: {png}"
     if args.mup_transfer:
-        earlier = earlier_standard_studies(Path(args.reuse).read_text()) if args.reuse else {}
+        earlier = earlier_transfer_studies(Path(args.reuse).read_text()) if args.reuse else {}
         transfer = run_transfer_bench(
             args.overrides, _seeds(args), _cores(args), args.lrs or MUP_LRS, earlier
         )
@@ -266,7 +266,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--reuse",
         help="default-study: take the grid and Trainer studies from this earlier stderr; "
-        "mup-transfer: the standard parametrization's studies (for a change of μP alone)",
+        "mup-transfer: the grids and the standard proxy study that log holds",
     )
     p.add_argument(
         "--reuse-unpruned",

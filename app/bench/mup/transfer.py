@@ -8,9 +8,10 @@ seeds (training.seed: the initialization and the data order), under the standard
 parametrization and under μP (base width 64). Each (width, parametrization, seed) is a grid
 study (hpo.sampler=grid, no pruner: every rate runs whole), so every run carries the studies'
 own records (value, device-seconds). Then `+sweeps=mup_transfer` on the same data: the default
-study (hpo=optuna as shipped: its space, sampler, pruner and budget of 20 trials' worth) at
-width 64 under μP and, in the same command, its best configuration trained once at width 512;
-the same command again at seed 1, so that the pick is judged on both seeds.
+study (hpo=optuna as shipped: its space, sampler, pruner and budget of 20 trials' worth) with
+μP's two multipliers in its space, as the sweep file has them, at width 64 under μP and, in the
+same command, its best configuration trained once at width 512; the same command again at seed
+1, so that the pick is judged on both seeds.
 
 Goals (the μP issue):
 (a) under μP each width's best rate within one grid step (a factor 2) of width 64's, on both
@@ -113,14 +114,16 @@ class TransferReport(TypedDict):
     goals: Goals
 
 
-# What a change of μP alone leaves as it was: the standard parametrization's studies, which an
-# earlier run printed on stderr (`_logged`) and `--reuse` takes instead of running them again
-REUSABLE = re.compile(r"^(standard width \d+ seed \d+|standard proxy): (\{.*\})$")
+# The studies an earlier run printed on stderr (`_logged`) that `--reuse` takes instead of
+# running them again: the grids and the standard proxy study, those of its lines the log holds
+# (a change of μP alone leaves the standard parametrization's as they were; a change of the
+# proxy study alone, every grid). The μP proxy study is always run.
+REUSABLE = re.compile(r"^((?:standard|mup) width \d+ seed \d+|standard proxy): (\{.*\})$")
 
 
-def earlier_standard_studies(log: str) -> dict[str, StudyResult]:
-    """The standard parametrization's grid studies and proxy study in an earlier run's stderr,
-    by name (the proxy's pick is trained at the target width again: its runs are not logged)."""
+def earlier_transfer_studies(log: str) -> dict[str, StudyResult]:
+    """The grid studies and the standard proxy study in an earlier run's stderr, by name (the
+    standard proxy's pick is trained at the target width again: its runs are not logged)."""
     return {m[1]: json.loads(m[2]) for line in log.splitlines() if (m := REUSABLE.match(line))}
 
 
@@ -220,7 +223,13 @@ def _proxy(extra: list[str], seeds: list[int], core: int | None) -> list[ProxyRu
     return runs
 
 
-STANDARD = ["model.parametrization=standard", "hpo.transfer.target=[]", "hpo.transfer.run=false"]
+STANDARD = [
+    "model.parametrization=standard",
+    "hpo.transfer.target=[]",
+    "hpo.transfer.run=false",
+    # μP's multipliers, which the sweep file searches, mean nothing to the standard model
+    "hpo.params={model.mup.output_mult:null,model.mup.attn_mult:null}",
+]
 
 
 def _standard_proxy(
