@@ -91,3 +91,15 @@ def test_reuse_takes_the_studies_an_earlier_log_holds_and_runs_no_study_again(mo
         transfer._grid_task(transfer.Arm(512, "mup", 0), LRS, [], earlier).run(None)
     with pytest.raises(AssertionError, match="was run"):  # the μP proxy study: always run
         transfer._proxy([], [0, 1], None)
+
+
+def test_a_reuse_log_that_cannot_be_read_is_refused_before_any_study(capsys, tmp_path):
+    from app.bench.__main__ import parse_args
+
+    with pytest.raises(SystemExit) as done:
+        parse_args(["--mup-transfer", "--reuse", str(tmp_path / "missing.log")])
+    assert done.value.code == 2
+    assert "argument --reuse: cannot read" in capsys.readouterr().err
+    log = tmp_path / "earlier.log"
+    log.write_text("proxy: {}\n")
+    assert parse_args(["--mup-transfer", "--reuse", str(log)]).reuse == "proxy: {}\n"

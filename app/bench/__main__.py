@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         plot_coord_check(coords, png)
         return {"machine": machine_info(), **coords}, f"{coord_table(coords)}\n\nplot: {png}"
     if args.mup_transfer:
-        earlier = earlier_transfer_studies(Path(args.reuse).read_text()) if args.reuse else {}
+        earlier = earlier_transfer_studies(args.reuse)
         transfer = run_transfer_bench(
             args.overrides, _seeds(args), _cores(args), args.lrs or MUP_LRS, earlier
         )
@@ -136,8 +136,7 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
     if args.default_study:
         if args.reuse_unpruned:
             check_pruner_only(args.overrides)
-        log = Path(args.reuse).read_text() if args.reuse else ""
-        reuse = earlier_studies(log, unpruned=args.reuse_unpruned)
+        reuse = earlier_studies(args.reuse, unpruned=args.reuse_unpruned)
         study = run_default_study_bench(args.overrides, _seeds(args), reuse)
         return {"machine": machine_info(), **study}, default_study_table(study)
     if args.sampler_choice:
@@ -195,6 +194,14 @@ def _lr_scalings(text: str) -> tuple[str, ...]:
     if any(v not in LR_SCALINGS for v in values):
         raise ValueError(text)
     return values
+
+
+def _log_text(path: str) -> str:
+    """An earlier run's stderr, read once (argparse names the option on an error)."""
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {e.strerror}") from None
 
 
 def _cores(args: argparse.Namespace) -> list[int] | None:
@@ -265,6 +272,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--reuse",
+        type=_log_text,
+        default="",
         help="default-study: take the grid and Trainer studies from this earlier stderr; "
         "mup-transfer: the grids and the standard proxy study that log holds",
     )
