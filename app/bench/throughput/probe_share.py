@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from app.bench.throughput.report import median_or_none
 
 STEPS = 100
 ARMS = ("eager, probed", "compiled, probed", "compiled, set by hand")
@@ -107,11 +108,6 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
 def _text(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -129,22 +125,20 @@ def probe_share_table(report: dict[str, Any]) -> str:
     rows = [("cold", [runs[0]])] + [(a, [r for r in runs[1:] if r.arm == a]) for a in ARMS]
     for label, group in rows:
         shares = [r.probe_seconds / r.wall_s for r in group if r.probe_seconds and r.wall_s]
-        graphs = " / ".join(_text(_median(values), 0) for values in _graphs(group))
+        graphs = " / ".join(
+            _text(median_or_none([getattr(r, key) for r in group]), 0)
+            for key in ("probe_graphs", "run_graphs")
+        )
         lines.append(
             f"| {label} | {','.join(str(r.micro_batch_size) for r in group)} "
-            f"| {_text(_median([r.probe_seconds for r in group]))} "
-            f"| {_text(_median([r.confirm_seconds for r in group]))} | {graphs} "
-            f"| {_text(_median([r.wall_s for r in group]))} "
-            f"| {_text(_median([r.process_s for r in group]))} "
-            f"| {_text(_median(list(shares)), 3)} |"
+            f"| {_text(median_or_none([r.probe_seconds for r in group]))} "
+            f"| {_text(median_or_none([r.confirm_seconds for r in group]))} | {graphs} "
+            f"| {_text(median_or_none([r.wall_s for r in group]))} "
+            f"| {_text(median_or_none([r.process_s for r in group]))} "
+            f"| {_text(median_or_none(shares), 3)} |"
         )
     lines += ["", _paired(runs[1:])]
     return "\n".join(lines)
-
-
-def _graphs(group: list[ShareRun]) -> tuple[list[float | None], list[float | None]]:
-    probe = [None if r.probe_graphs is None else float(r.probe_graphs) for r in group]
-    return probe, [None if r.run_graphs is None else float(r.run_graphs) for r in group]
 
 
 def _paired(runs: list[ShareRun]) -> str:
@@ -155,6 +149,6 @@ def _paired(runs: list[ShareRun]) -> str:
     share = [e / p.process_s for e, p in zip(extra, probed, strict=True)]
     return (
         f"compiled and probed vs the same run with its micro-batch set: "
-        f"{_text(_median(list(extra)))} s more ({_text(_median(list(share)), 3)} of its process "
+        f"{_text(median_or_none(extra))} s more ({_text(median_or_none(share), 3)} of its process "
         f"wall), median of {len(extra)} paired rounds"
     )

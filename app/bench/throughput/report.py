@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib import metadata
 from typing import TypedDict
 
@@ -109,9 +109,9 @@ def aggregate(runs: list[RunResult]) -> Row:
         "samples_per_sec": statistics.median(r["samples_per_sec"] for r in ok),
         "peak_memory_bytes": statistics.median(r["peak_memory_bytes"] for r in ok),
         "peak_memory_kind": first["peak_memory_kind"],
-        "first_step_s": _median_or_none([r["first_step_s"] for r in ok]),
+        "first_step_s": median_or_none([r["first_step_s"] for r in ok]),
         "final_loss": statistics.median(r["final_loss"] for r in ok),
-        "mfu": _median_or_none([r.get("mfu") for r in ok]),
+        "mfu": median_or_none([r.get("mfu") for r in ok]),
         "device_name": first["device_name"],
         "dtype": first["dtype"],
         "tokens_per_step": first["tokens_per_step"],
@@ -135,7 +135,8 @@ def _rate_range(row: Row) -> tuple[float, float]:
     return row["tokens_per_sec_min"], row["tokens_per_sec_max"]
 
 
-def _median_or_none(values: list[float | None]) -> float | None:
+def median_or_none(values: Iterable[float | None]) -> float | None:
+    """The median of the values that are known (None: none is)."""
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
 

@@ -156,12 +156,8 @@ class Probe:
         graphs, started, micro = graphs_compiled(), time.perf_counter(), None
         try:
             while (micro := pick(self.trials)) is not None:
-                trial = self._steps(micro, warmup=1, timed=1)
-                if self.lockstep:
-                    trial = agreed_trial(trial, self.setup.machine.dist)
-                trial.pop("samples_per_sec", None)
-                self.trials[micro] = {**self.trials.get(micro, {}), **trial}
-                if not failed(self.trials[micro], self.limit):
+                trial = self._record(micro, warmup=1, timed=1, speed=False)
+                if not failed(trial, self.limit):
                     break
                 log.info("batch probe: micro-batch %d failed once compiled: %s", micro, trial)
         finally:
@@ -244,12 +240,20 @@ class Probe:
         if not (agree_all(allowed, self.setup.machine.dist) if self.lockstep else allowed):
             return None
         started = time.perf_counter()
+        trial = self._record(micro, warmup, timed)
+        self.last = (micro, (time.perf_counter() - started) / steps)
+        log.debug("probe micro-batch %d: %s", micro, trial)
+        return trial
+
+    def _record(self, micro: int, warmup: int, timed: int, speed: bool = True) -> Trial:
+        """Probe steps at `micro` (the ranks' figures agreed), added to what is known of it;
+        without `speed` its samples/s is left out (the choice compares eager speeds)."""
         trial = self._steps(micro, warmup, timed)
         if self.lockstep:
             trial = agreed_trial(trial, self.setup.machine.dist)
-        self.last = (micro, (time.perf_counter() - started) / steps)
+        if not speed:
+            trial.pop("samples_per_sec", None)
         self.trials[micro] = {**self.trials.get(micro, {}), **trial}  # a figure unknown: left out
-        log.debug("probe micro-batch %d: %s", micro, trial)
         return self.trials[micro]
 
     def eval_size(self, micro: int) -> int:
