@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from app.components.data.sources import SOURCES
 from app.components.hardware.memory import host_memory_bytes
+from app.components.models.config import MupConfig
 from app.components.models.families import MODELS
 from app.components.models.pretrained_dir import looks_local
 from app.components.optim import OPTIMIZERS
@@ -42,12 +43,7 @@ TOKENIZER_KEYS = ("data.tokenizer", "data.tokenizer_vocab_size")
 # How the width shapes the model (μP: its init scale, multipliers and rates per group): a
 # checkpoint resumes only under the parametrization it was trained with.
 PARAMETRIZATION_KEYS = ("model.parametrization",)
-MUP_KEYS = (
-    "model.mup.base_width",
-    "model.mup.output_mult",
-    "model.mup.base_head_dim",
-    "model.mup.attn_mult",
-)
+MUP_KEYS = tuple(f"model.mup.{f.name}" for f in dataclasses.fields(MupConfig))
 # What a checkpoint written before a key existed was trained with (μP's attention scale was
 # attn_mult / d_head before model.mup.base_head_dim: the same as a base head width of 1).
 SHAPE_DEFAULTS = {

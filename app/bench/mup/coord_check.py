@@ -112,8 +112,7 @@ def measure(
     """One model's sizes per kind, one per step: the forward pass of step t sees t updates."""
     import torch
 
-    from app.components.models.families import mup_rules
-    from app.components.models.mup.apply import hidden_rates
+    from app.components.models.families import mup_hidden
     from app.components.optim import OPTIMIZERS
     from app.components.tasks import build_task
     from app.config.compose import compose
@@ -127,8 +126,7 @@ def measure(
 
     model = transformers_model(task.build_model(cfg.model, data))
     model.set_attn_implementation(RECORDING)
-    rules = mup_rules(cfg.model)
-    hidden = None if rules is None else hidden_rates(model, cfg.model, rules)
+    hidden = mup_hidden(model, cfg.model)
     optimizer = OPTIMIZERS.get(cfg.training.optimizer).create(model, cfg.training, hidden)
     order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(seed))
     sizes: dict[str, list[float]] = {k: [] for k in KINDS}

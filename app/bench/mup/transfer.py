@@ -40,7 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from app.bench.studies.hpo import Goals, StudyResult, run_child, run_study
+from app.bench.studies.hpo import (
+    Goals,
+    StudyResult,
+    logged,
+    logged_studies,
+    run_child,
+    run_study,
+)
 from app.bench.studies.lanes import Task, run_on_cores
 
 WIDTHS = {64: 2, 128: 4, 256: 8, 512: 16}  # model.n_embd: model.n_head
@@ -114,7 +121,7 @@ class TransferReport(TypedDict):
     goals: Goals
 
 
-# The studies an earlier run printed on stderr (`_logged`) that `--reuse` takes instead of
+# The studies an earlier run printed on stderr (`logged`) that `--reuse` takes instead of
 # running them again: the grids and the standard proxy study, those of its lines the log holds
 # (a change of μP alone leaves the standard parametrization's as they were; a change of the
 # proxy study alone, every grid). The μP proxy study is always run.
@@ -124,7 +131,7 @@ REUSABLE = re.compile(r"^((?:standard|mup) width \d+ seed \d+|standard proxy): (
 def earlier_transfer_studies(log: str) -> dict[str, StudyResult]:
     """The grid studies and the standard proxy study in an earlier run's stderr, by name (the
     standard proxy's pick is trained at the target width again: its runs are not logged)."""
-    return {m[1]: json.loads(m[2]) for line in log.splitlines() if (m := REUSABLE.match(line))}
+    return logged_studies(log, REUSABLE)
 
 
 def run_transfer_bench(
@@ -161,7 +168,7 @@ def _grid_task(
     def run(core: int | None) -> Done:
         if arm.name in reuse:
             return reuse[arm.name]
-        return _logged(arm.name, run_study([*arm.overrides(lrs), *extra], core=core))
+        return logged(arm.name, run_study([*arm.overrides(lrs), *extra], core=core))
 
     return Task(run)
 
@@ -203,7 +210,7 @@ def _proxy(extra: list[str], seeds: list[int], core: int | None) -> list[ProxyRu
         core=core,
         transfer=True,
     )
-    _logged("proxy", study)
+    logged("proxy", study)
     section = study.get("transfer") or {}
     run = section.get("run") if isinstance(section, dict) else None
     command = section.get("command") if isinstance(section, dict) else None
@@ -239,7 +246,7 @@ def _standard_proxy(
     run's), its pick trained at width 512 as it is: what tuning the narrow model gives the wide
     one without μP."""
     base = ["+sweeps=mup_transfer", *RUN, *STANDARD]
-    study = earlier or _logged("standard proxy", run_study(
+    study = earlier or logged("standard proxy", run_study(
         [*base, f"training.seed={seeds[0]}", "hpo.seed=0", *extra], core=core))  # fmt: skip
     done = [t for t in study["trials"] if t["state"] == "COMPLETE" and t["value"] is not None]
     best = min(done, key=lambda t: t["value"] or 0.0)["params"] if done else None
@@ -274,12 +281,6 @@ def _retrain(command: str | None, seed: int, core: int | None) -> tuple[float | 
             raise SystemExit(f"target run failed ({code}): {' '.join(cmd)}\n{stderr[-2000:]}")
         summary = json.loads(Path(tmp, "run", "summary.json").read_text())
     return _number(summary, "final_val_loss"), _number(summary, "device_seconds")
-
-
-def _logged(name: str, result: StudyResult) -> StudyResult:
-    """Each study's result on stderr as it ends: a bench of hours keeps what it measured."""
-    print(f"{name}: {json.dumps(result, default=str)}", file=sys.stderr, flush=True)
-    return result
 
 
 def steps_from(lr: float, reference: float, lrs: tuple[float, ...]) -> int:

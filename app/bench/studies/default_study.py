@@ -27,13 +27,19 @@ study pays for probing and each batch size trains with the same micro-batch ever
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 import tempfile
 from typing import TYPE_CHECKING, TypedDict
 
-from app.bench.studies.hpo import Goals, Params, StudyResult, TrialRow, run_study
+from app.bench.studies.hpo import (
+    Goals,
+    Params,
+    StudyResult,
+    TrialRow,
+    logged,
+    logged_studies,
+    run_study,
+)
 from app.bench.studies.hpo_peers import WITHIN, PeerSpec, reach_seconds, trainer_study
 
 if TYPE_CHECKING:
@@ -75,7 +81,7 @@ def run_default_study_bench(
     reuse = reuse or {}
     with tempfile.TemporaryDirectory(prefix="bench-default-") as shared:
         common = [*STUDY, f"training.auto_batch.cache_dir={shared}/autobatch", *extra]
-        grid = reuse.get("grid") or _logged("grid", run_study([*common, *GRID]))
+        grid = reuse.get("grid") or logged("grid", run_study([*common, *GRID]))
         best = grid["best_value"]
         if best is None:
             raise SystemExit("--default-study: no run of the grid completed")
@@ -88,14 +94,10 @@ UNPRUNED = re.compile(r"^(seed \d+ none): (\{.*\})$")
 
 
 def earlier_studies(log: str, unpruned: bool = False) -> dict[str, StudyResult]:
-    """The grid and Trainer studies an earlier run printed on stderr (`_logged`), by name;
+    """The grid and Trainer studies an earlier run printed on stderr (`logged`), by name;
     with `unpruned`, its unpruned studies too (for a run that changes only the pruner, which
     the unpruned study does not have)."""
-    found: dict[str, StudyResult] = {}
-    for line in log.splitlines():
-        if (m := REUSABLE.match(line)) or (unpruned and (m := UNPRUNED.match(line))):
-            found[m[1]] = json.loads(m[2])
-    return found
+    return logged_studies(log, REUSABLE, *([UNPRUNED] if unpruned else []))
 
 
 def check_pruner_only(overrides: list[str]) -> None:
@@ -114,10 +116,10 @@ def _seed_run(
     seeded = [*common, f"hpo.seed={seed}"]
     studies = {
         "none": reuse.get(f"seed {seed} none")
-        or _logged(f"seed {seed} none", run_study([*seeded, "hpo.pruner=none"])),
-        "default": _logged(f"seed {seed} default", run_study(seeded)),
+        or logged(f"seed {seed} none", run_study([*seeded, "hpo.pruner=none"])),
+        "default": logged(f"seed {seed} default", run_study(seeded)),
         "trainer": reuse.get(f"seed {seed} trainer")
-        or _logged(f"seed {seed} trainer", run_trainer_study(seeded, seed)),
+        or logged(f"seed {seed} trainer", run_trainer_study(seeded, seed)),
     }
     done = [t for t in studies["default"]["trials"] if t["state"] == "COMPLETE"]
     pick = min(done, key=lambda t: t["value"] or float("inf"))["params"] if done else {}
@@ -129,13 +131,6 @@ def _seed_run(
         "pick_retrained": retrained,
         "goals": goals(studies, retrained, grid_best),
     }
-
-
-def _logged(name: str, result: StudyResult) -> StudyResult:
-    """Each study's result on stderr as it ends: a bench of hours keeps what it measured if it
-    is stopped before its table."""
-    print(f"{name}: {json.dumps(result, default=str)}", file=sys.stderr, flush=True)
-    return result
 
 
 def _retrain(seeded: list[str], pick: Params) -> float | None:

@@ -14,6 +14,8 @@ micro-batch: the steady state is the trials whose micro-batch came from the cach
 
 from __future__ import annotations
 
+import json
+import re
 import statistics
 import subprocess
 import sys
@@ -238,6 +240,25 @@ def run_study(
     if transfer:  # a μP study's target (hpo.transfer): its command and its run
         result["transfer"] = results.get("transfer")
     return result
+
+
+def logged(name: str, result: StudyResult) -> StudyResult:
+    """Each study's result on stderr as it ends: a bench of hours keeps what it measured if it
+    is stopped before its table (and a later run can take it again: `logged_studies`)."""
+    print(f"{name}: {json.dumps(result, default=str)}", file=sys.stderr, flush=True)
+    return result
+
+
+def logged_studies(log: str, *names: re.Pattern[str]) -> dict[str, StudyResult]:
+    """The studies an earlier run's stderr holds (`logged`) whose line one of `names` matches
+    (group 1: the name, group 2: the result), by name; a later line wins."""
+    found: dict[str, StudyResult] = {}
+    for line in log.splitlines():
+        for pattern in names:
+            if m := pattern.match(line):
+                found[m[1]] = json.loads(m[2])
+                break
+    return found
 
 
 def run_child(cmd: list[str], stderr: Path, core: int | None = None) -> tuple[int, float, str]:

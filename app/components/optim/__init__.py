@@ -148,10 +148,7 @@ class Optimizer(Generic[A]):
         hidden: HiddenMatrices | None = None,
     ) -> torch.optim.Optimizer:
         """`hidden`: μP's hidden matrices (None: the standard parametrization)."""
-        if hidden is None:
-            groups = param_groups(model, training.weight_decay)
-        else:
-            groups = mup_groups(model, training, hidden, self.mup_exponent)
+        groups = param_groups(model, training, hidden, self.mup_exponent)
         return self.build(groups, training, self.parse_args(training.optimizer_args))
 
     def cache_identity(self, training: OptimizerSettings) -> list[object]:
@@ -161,32 +158,22 @@ class Optimizer(Generic[A]):
 OPTIMIZERS: Registry[OptimizerKind] = Registry(__name__, "training.optimizer")
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[ParamGroup]:
-    """Matrices decayed, vectors (biases, norm gains) not."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    return [
-        {"params": [p for p in trainable if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0},
-    ]
-
-
-def mup_groups(
-    model: torch.nn.Module, t: OptimizerSettings, hidden: HiddenMatrices, exponent: float
+def param_groups(
+    model: torch.nn.Module, t: OptimizerSettings, hidden: HiddenMatrices | None, exponent: float
 ) -> list[ParamGroup]:
-    """As `param_groups`, the hidden matrices apart: the other matrices (embeddings) first, at
-    the rate as given (the one logged as train/learning_rate), then one group per width
-    multiplier, then the vectors."""
+    """Matrices decayed, vectors (biases, norm gains) not. Under μP (`hidden`) the hidden
+    matrices are apart: the other matrices (embeddings) first, at the rate as given (the one
+    logged as train/learning_rate), then one group per width multiplier (its rate / mult**
+    exponent, its decay x the same), then the vectors."""
+    mults = hidden.mults if hidden is not None else {}
     trainable = [p for p in model.parameters() if p.requires_grad]
     matrices = [p for p in trainable if p.dim() >= 2]
     groups: list[ParamGroup] = [
-        {
-            "params": [p for p in matrices if id(p) not in hidden.mults],
-            "weight_decay": t.weight_decay,
-        }
+        {"params": [p for p in matrices if id(p) not in mults], "weight_decay": t.weight_decay}
     ]
-    for mult in sorted({hidden.mults[id(p)] for p in matrices if id(p) in hidden.mults}):
+    for mult in sorted({mults[id(p)] for p in matrices if id(p) in mults}):
         scale = mult**exponent
-        own = [p for p in matrices if hidden.mults.get(id(p)) == mult]
+        own = [p for p in matrices if mults.get(id(p)) == mult]
         groups.append({"params": own, "lr": t.lr / scale, "weight_decay": t.weight_decay * scale})
     return [*groups, {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
 

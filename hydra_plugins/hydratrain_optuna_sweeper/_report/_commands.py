@@ -55,6 +55,12 @@ def transfer_record(study: optuna.Study) -> Transfer | None:
     record = Parametrization.of(study.user_attrs)
     if not record.mup:
         return None
-    best = best_overrides(study) if record.target else None
-    target = command(target_overrides(best, record.target)) if best is not None else None
+    target = target_command(study, record.target) if record.target else None
     return Transfer(record, target, TargetRun.of(study.user_attrs))
+
+
+def target_command(study: optuna.Study, target: Sequence[str]) -> str | None:
+    """The command that trains the target with the study's best configuration (None: no best
+    yet)."""
+    best = best_overrides(study)
+    return command(target_overrides(best, target)) if best is not None else None

@@ -25,7 +25,7 @@ from app.studies.transfer import (
 )
 
 from .._errors import SweepConfigError
-from .._report._commands import best_overrides, command
+from .._report._commands import best_overrides, command, target_command
 from .._study._checks import Compose, check_job
 from .._study._fleet_plan import fleet_worker
 from .._study._settings import SweepSettings
@@ -136,9 +136,9 @@ def first_line(record: Parametrization, study: optuna.Study) -> str:
     head = f"{record.describe()}: its best values hold at any width the base width divides"
     if not record.target:
         return f"{head} (hpo.transfer.target gives the command that trains a wider one)"
-    best = best_overrides(study)  # a rerun of a study that has one: the command itself
     target = " ".join(record.target)
-    how = command(target_overrides(best, record.target)) if best else f"<its overrides> {target}"
+    # a rerun of a study that has a best: the command itself
+    how = target_command(study, record.target) or f"<its overrides> {target}"
     return (
         f"{head}; the target ({target}) trains with the best configuration: {how} "
         "(optimization_results.yaml, transfer.command, and report.html give it at the end)"

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 
 def parameters(m: ModelConfig, vocab: int) -> int:
-    d, ffn = m.n_embd, m.intermediate_size or 4 * m.n_embd
-    # attention qkv + proj (4d^2 + 4d), MLP (2 d ffn + ffn + d), two LayerNorms (4d)
-    per_layer = 4 * d * d + 4 * d + 2 * d * ffn + ffn + d + 4 * d
+    d, h = m.n_embd, ffn(m, m.n_embd)
+    # attention qkv + proj (4d^2 + 4d), MLP (2 d h + h + d), two LayerNorms (4d)
+    per_layer = 4 * d * d + 4 * d + 2 * d * h + h + d + 4 * d
     return vocab * d + m.max_position_embeddings * d + m.n_layer * per_layer + 2 * d
 
 

@@ -37,11 +37,10 @@ def ffn_width(hidden: int) -> int:
 
 
 def parameters(m: ModelConfig, vocab: int) -> int:
-    d = m.n_embd
-    ffn = m.intermediate_size or ffn_width(d)
+    d, h = m.n_embd, ffn(m, m.n_embd)
     kv = d // m.n_head * (m.n_kv_head or m.n_head)
-    # q, o (2d^2), k, v (2 d kv), SwiGLU (3 d ffn), two RMSNorms (2d)
-    per_layer = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d
+    # q, o (2d^2), k, v (2 d kv), SwiGLU (3 d h), two RMSNorms (2d)
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * h + 2 * d
     return vocab * d + m.n_layer * per_layer + d
 
 
@@ -51,7 +50,7 @@ def build(m: ModelConfig, data: TaskData, task: Task) -> torch.nn.Module:
     config = LlamaConfig(
         vocab_size=model_vocab(m, data.vocab_size),
         hidden_size=m.n_embd,
-        intermediate_size=m.intermediate_size or ffn_width(m.n_embd),
+        intermediate_size=ffn(m, m.n_embd),
         num_hidden_layers=m.n_layer,
         num_attention_heads=m.n_head,
         num_key_value_heads=m.n_kv_head or m.n_head,

@@ -103,8 +103,7 @@ def attention_scale(m: ModelConfig, head_dim: int) -> float:
     width is model.mup.base_head_dim, or, null, this model's own: with the heads scaled with
     the width (a fixed head width, as a proxy scales them) μP's attention is then the standard
     one at every width, attn_mult a multiplier on it."""
-    base = m.mup.base_head_dim if m.mup.base_head_dim is not None else head_dim
-    return m.mup.attn_mult * base**0.5 / head_dim
+    return m.mup.attn_mult * base_head_dim(m) ** 0.5 / head_dim
 
 
 def base_head_dim(m: ModelConfig) -> int:
