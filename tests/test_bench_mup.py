@@ -103,3 +103,4 @@ def test_a_reuse_log_that_cannot_be_read_is_refused_before_any_study(capsys, tmp
     log = tmp_path / "earlier.log"
     log.write_text("proxy: {}\n")
     assert parse_args(["--mup-transfer", "--reuse", str(log)]).reuse == "proxy: {}\n"
+    assert parse_args(["--mup-transfer"]).reuse is None  # no log: nothing read

@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         plot_coord_check(coords, png)
         return {"machine": machine_info(), **coords}, f"{coord_table(coords)}\n\nplot: {png}"
     if args.mup_transfer:
-        earlier = earlier_transfer_studies(args.reuse)
+        earlier = earlier_transfer_studies(args.reuse or "")
         transfer = run_transfer_bench(
             args.overrides, _seeds(args), _cores(args), args.lrs or MUP_LRS, earlier
         )
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
     if args.default_study:
         if args.reuse_unpruned:
             check_pruner_only(args.overrides)
-        reuse = earlier_studies(args.reuse, unpruned=args.reuse_unpruned)
+        reuse = earlier_studies(args.reuse or "", unpruned=args.reuse_unpruned)
         study = run_default_study_bench(args.overrides, _seeds(args), reuse)
         return {"machine": machine_info(), **study}, default_study_table(study)
     if args.sampler_choice:
@@ -272,8 +272,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--reuse",
-        type=_log_text,
-        default="",
+        type=_log_text,  # the log's text (argparse passes a string default through it too)
         help="default-study: take the grid and Trainer studies from this earlier stderr; "
         "mup-transfer: the grids and the standard proxy study that log holds",
     )

@@ -30,7 +30,6 @@ widest first.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import statistics
@@ -49,6 +48,7 @@ from app.bench.studies.hpo import (
     run_study,
 )
 from app.bench.studies.lanes import Task, run_on_cores
+from app.engine.records.summary import Summary
 
 WIDTHS = {64: 2, 128: 4, 256: 8, 512: 16}  # model.n_embd: model.n_head
 BASE = 64
@@ -279,8 +279,8 @@ def _retrain(command: str | None, seed: int, core: int | None) -> tuple[float | 
         code, _, stderr = run_child(cmd, Path(tmp, "stderr.log"), core)
         if code != 0:
             raise SystemExit(f"target run failed ({code}): {' '.join(cmd)}\n{stderr[-2000:]}")
-        summary = json.loads(Path(tmp, "run", "summary.json").read_text())
-    return _number(summary, "final_val_loss"), _number(summary, "device_seconds")
+        summary = Summary.read(Path(tmp, "run"))
+    return summary.final_val.get("loss"), summary.device_seconds
 
 
 def steps_from(lr: float, reference: float, lrs: tuple[float, ...]) -> int:

@@ -50,9 +50,14 @@ def record_axis(study: optuna.Study, axis: ReportAxis) -> None:
     entry = {"every": axis.every, "last": axis.last, "unit": axis.unit.value, "source": axis.source}
     if attrs.get(AXIS) != entry:
         study.set_user_attr(AXIS, entry)
-    if attrs.get(UNIT) != axis.unit.value or attrs.get(BUDGET) != axis.last:
-        study.set_user_attr(UNIT, axis.unit.value)
-        study.set_user_attr(BUDGET, axis.last)
+    record_report_end(study, axis.unit.value, axis.last)
+
+
+def record_report_end(study: optuna.Study, unit: str, last: int) -> None:
+    """The unit the trials report in and the last report's value, where the report reads them."""
+    if study.user_attrs.get(UNIT) != unit or study.user_attrs.get(BUDGET) != last:
+        study.set_user_attr(UNIT, unit)
+        study.set_user_attr(BUDGET, last)
 
 
 def learn_axis(trials: Iterable[FrozenTrial]) -> ReportAxis | None:

@@ -23,7 +23,7 @@ from app.studies.report import Ending, StudyRecord, TrialRecord, write_report
 from .. import _private as private
 from .._pruners._asha import PAUSED
 from .._pruners._companion import MAIN_TRIAL
-from .._pruners._learned import BORROWED, BUDGET, UNIT
+from .._pruners._learned import BORROWED, BUDGET, UNIT, record_report_end
 from .._pruners._lineage import root
 from .._study._cost import BUDGET_TRIALS
 from ._commands import command, transfer_record, trial_overrides
@@ -46,9 +46,7 @@ def describe(study: optuna.Study, metrics: list[str] | None, unit: str, budget: 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(metrics)
-    if study.user_attrs.get(UNIT) != unit or study.user_attrs.get(BUDGET) != budget:
-        study.set_user_attr(UNIT, unit)
-        study.set_user_attr(BUDGET, budget)
+    record_report_end(study, unit, budget)
 
 
 def study_record(study: optuna.Study, storage: str) -> StudyRecord:
