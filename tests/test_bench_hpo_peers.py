@@ -126,7 +126,7 @@ def test_the_default_study_goals_follow_the_issue_with_their_figures():
     slow_peer = _study(900.0, [_row(0, 1.008, 1700.0)])
     g = default_goals({"none": none, "default": fast, "trainer": slow_peer}, 0.995, 0.99)
     assert g["a_pick_within_1pct_of_the_grid"]["met"]  # 0.995 <= 0.99 * 1.01
-    assert g["b_within_1pct_in_a_third_of_the_unpruned_wall"] == {
+    assert g["b_within_1pct_in_a_quarter_of_the_unpruned_wall"] == {
         "reach_s": 250.0, "limit_s": 300.0, "met": True}  # fmt: skip
     assert g["c_as_good_as_the_unpruned_study"]["met"]  # 0.99 <= 1.00
     assert g["d_under_half_of_the_trainer"]["met"]  # 250 < 700 / 2

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> tuple[Mapping[str, object], str]:
         if args.reuse_unpruned:
             check_pruner_only(args.overrides)
         reuse = earlier_studies(args.reuse or "", unpruned=args.reuse_unpruned)
-        study = run_default_study_bench(args.overrides, _seeds(args), reuse)
+        study = run_default_study_bench(args.overrides, _seeds(args), reuse, args.budget_only)
         return {"machine": machine_info(), **study}, default_study_table(study)
     if args.sampler_choice:
         arms = args.arms.split(",") if args.arms else list(SAMPLER_ARMS)
@@ -280,6 +280,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--reuse-unpruned",
         action="store_true",
         help="default-study: its unpruned studies too (overrides of hpo.pruner* only)",
+    )
+    p.add_argument(
+        "--budget-only",
+        action="store_true",
+        help="default-study: only the unpruned and the default studies (goals b and c), in "
+        "about half the time: no grid, Trainer or retraining",
     )
     p.add_argument("--pairs", help=f"warm-start: comma-separated subset of {','.join(WARM_PAIRS)}")
     p.add_argument(
