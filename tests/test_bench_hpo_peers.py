@@ -307,3 +307,31 @@ def test_a_budget_only_run_leaves_the_grid_and_trainer_goals_not_run():
     assert "grid: not run (every trial on 9,600 samples)" in table
     assert "goal a_pick_within_1pct_of_the_grid: not run" in table
     assert "goal b_within_1pct_in_a_quarter_of_the_unpruned_wall: met" in table
+
+
+def test_a_budget_only_run_warms_the_micro_batch_cache_before_the_unpruned_study(monkeypatch):
+    """As the grid does in a full run: every batch of the space probed into the shared cache
+    before the unpruned study, which would otherwise pay for the probes the default study then
+    finds cached. No Trainer study and no retraining run."""
+    from app.bench.studies import default_study
+
+    calls: list[list[str]] = []
+
+    def fake_study(overrides: list[str]) -> dict:
+        calls.append(overrides)
+        return {**_study(100.0, [_row(0, 1.0, 1050.0)]), "cpu_s": 90.0}
+
+    def no_trainer(*args: object) -> dict:
+        raise AssertionError("a budget-only run ran the Trainer's study")
+
+    monkeypatch.setattr(default_study, "run_study", fake_study)
+    monkeypatch.setattr(default_study, "run_trainer_study", no_trainer)
+    monkeypatch.setattr(default_study, "data_budget", lambda overrides: 9600)
+    report = default_study.run_default_study_bench([], [3], budget_only=True)
+    warm, none, default = calls  # the warm-up, then the seed's two studies, nothing else
+    assert "training.max_steps=1" in warm and "hpo.sampler=grid" in warm
+    assert "choice(16, 32, 64)" in warm[-1]
+    assert "hpo.pruner=none" in none and "hpo.seed=3" in none and "hpo.seed=3" in default
+    caches = {next(o for o in c if o.startswith("training.auto_batch.cache_dir=")) for c in calls}
+    assert len(caches) == 1  # one cache, shared
+    assert report["grid"] is None and report["seeds"][0]["pick_retrained"] is None
