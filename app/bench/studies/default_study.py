@@ -49,11 +49,12 @@ if TYPE_CHECKING:
     from app.config.schema import TrainConfig
 
 STUDY = ["hpo=optuna", "training.progress_bar=false"]
+BATCHES = "training.effective_batch_size:'choice(16, 32, 64)'"  # the default space's
 GRID_LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 GRID = [
     "hpo.sampler=grid",
     "hpo.pruner=none",
-    "hydra.sweeper.params={training.effective_batch_size:'choice(16, 32, 64)',"
+    f"hydra.sweeper.params={{{BATCHES},"
     f"training.lr:'choice({', '.join(str(lr) for lr in GRID_LRS)})'}}",
 ]
 
@@ -106,7 +107,7 @@ WARM_CACHE = [
     "hpo.sampler=grid",
     "hpo.pruner=none",
     "training.max_steps=1",
-    "hydra.sweeper.params={training.effective_batch_size:'choice(16, 32, 64)'}",
+    f"hydra.sweeper.params={{{BATCHES}}}",
 ]
 
 
