@@ -25,7 +25,11 @@ def thread_names() -> list[str]:
 
 
 def say_threads() -> None:
-    print(f"{EXIT_LINE} {' '.join(thread_names())}", file=sys.stderr, flush=True)
+    # One write(2) of the whole line: both ranks share torchrun's stderr pipe, and print()
+    # writes the text and its newline separately, so two ranks exiting together once gave
+    # "threads at exit: pythonthreads at exit: python". A pipe write under PIPE_BUF is atomic.
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), f"{EXIT_LINE} {' '.join(thread_names())}\n".encode())
 
 
 if __name__ == "__main__":
