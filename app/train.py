@@ -14,7 +14,7 @@ from typing import NoReturn
 import hydra
 from omegaconf import DictConfig
 
-from app.cli.preflight import preflight
+from app.cli.preflight import preflight, say
 from app.config.schema import load_config, register_configs
 from app.core.errors import ConfigError
 from app.core.outcomes import Preempted, RunOutcome
@@ -50,9 +50,9 @@ def end_with_one_line(exc: Exception) -> NoReturn:
     """A single run that cannot go on ends with one line and a status that says why:
     2 a setting, 128 + signal number a preemption (the checkpoint is saved), 1 otherwise."""
     if isinstance(exc, Preempted):
-        print(f"stopped: {exc}", file=sys.stderr, flush=True)
+        say(f"stopped: {exc}")
         sys.exit(128 + exc.signum)
-    print(f"error: {exc}", file=sys.stderr, flush=True)
+    say(f"error: {exc}")
     sys.exit(2 if isinstance(exc, ConfigError) else 1)
 
 

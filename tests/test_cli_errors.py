@@ -147,3 +147,40 @@ def test_out_of_memory_even_at_micro_batch_1_is_one_line(tmp_path, monkeypatch, 
     assert "Traceback" not in err
     summary = Summary.read(tmp_path / "r")
     assert summary.status == "oom" and summary.oom_count == 3  # 4 -> 2 -> 1 -> out
+
+
+class _Writes:
+    """A stderr that keeps each write() apart, as the terminal under torchrun receives them."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("ending", "code"),
+    [
+        (ConfigError("training.lr=-1: must be > 0"), 2),
+        (RuntimeError("a peer ended the trial"), 1),
+    ],
+)
+def test_the_last_line_is_one_write_so_ranks_never_merge_it(monkeypatch, ending, code):
+    """Under torchrun every rank writes to one stream; print() writes a line's text and its
+    newline apart, and two ranks ending together once merged their lines into one."""
+    from app.cli.preflight import fail
+    from app.train import end_with_one_line
+
+    stderr = _Writes()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    with pytest.raises(SystemExit) as exited:
+        end_with_one_line(ending)
+    assert exited.value.code == code
+    with pytest.raises(SystemExit):
+        fail("data.seq_len=0: must be > 0")
+    assert stderr.writes == [f"error: {ending}\n", "error: data.seq_len=0: must be > 0\n"]

@@ -150,5 +150,13 @@ def _job_part(cfg: DictConfig) -> DictConfig:
 
 
 def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    say(f"error: {message}")
     sys.exit(2)
+
+
+def say(line: str) -> None:
+    """`line` on stderr in one write: under torchrun every rank shares the terminal (or the
+    launcher's pipe), and print() writes the text and its newline apart, so two ranks ending
+    together would merge their lines into one."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
