@@ -283,3 +283,38 @@ def test_report_bench_times_the_command_and_a_warm_process_against_its_imports()
         assert len(report[key]) == 1 and report[key][0] > 0
     table = report_bench_table(report)
     assert table.count("\n| ") == 3 and "30 trials, 1 rounds" in table
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["--budget-only"], "budget_only"),
+        (["--hpo", "--reuse-unpruned"], "reuse_unpruned"),
+        (["--mf-peers", "--pairs", "mup"], "pairs"),
+        (["--seeds", "2"], "seeds"),
+        (["--benchmarks", "mfh3_good"], "benchmarks"),
+        (["--only", "compile"], "only"),
+    ],
+)
+def test_an_option_no_chosen_bench_reads_is_one_line_naming_its_readers(capsys, argv, option):
+    """Ignored, `--budget-only` without `--default-study` would run the throughput bench for
+    however long it takes, and the option asked for would never have been heard."""
+    from app.bench.__main__ import READERS, parse_args
+
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    readers = " or ".join(f"--{kind}" for kind in READERS[option])
+    assert err.count("\n") == 1 and f"error: --{option.replace('_', '-')}" in err, err
+    assert readers in err, err
+    for kind in READERS[option]:  # with any one of its readers, the option is taken
+        parse_args([*argv, f"--{kind}"])
+
+
+def test_every_reader_named_is_a_bench_and_every_option_one_of_ours() -> None:
+    from app.bench.__main__ import KINDS, READERS, parse_args
+
+    args = vars(parse_args([]))
+    assert set(READERS) <= set(args)
+    assert {kind for kinds in READERS.values() for kind in kinds} <= set(KINDS)

@@ -323,7 +323,54 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", help="where to write the JSON report")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one spec file
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every contender")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unread = unread_option(args)
+    if unread:
+        p.exit(2, f"{p.prog}: error: {unread}\n")  # one line, not the long usage
+    return args
+
+
+# The options only some benches read, and those benches: one given to none of them would be
+# ignored without a word (an hour's bench run without the setting that was asked for).
+READERS: dict[str, tuple[str, ...]] = {
+    "reuse": ("default-study", "mup-transfer"),
+    "reuse_unpruned": ("default-study",),
+    "budget_only": ("default-study",),
+    "pairs": ("warm-start",),
+    "cores": ("warm-start", "batch-schedule", "mup-transfer"),
+    "arms": ("sampler-choice",),
+    "studies": ("sampler-choice",),
+    "optimizers": ("mf-peers",),
+    "benchmarks": ("mf-peers",),
+    "peers": ("hpo-peers",),
+    "checkout": ("probe-share",),
+    "lrs": ("batch-schedule", "mup-transfer"),
+    "fractions": ("batch-schedule",),
+    "lr": ("coord-check",),
+    "only": ("ablate",),
+    "seeds": (
+        "batch-budget",
+        "batch-schedule",
+        "sampler-choice",
+        "default-study",
+        "warm-start",
+        "coord-check",
+        "mup-transfer",
+        "mf-peers",
+    ),
+}
+
+
+def unread_option(args: argparse.Namespace) -> str | None:
+    """What to say about the first option given where no chosen bench reads it."""
+    for dest, kinds in READERS.items():
+        given = getattr(args, dest) not in (None, False)
+        if given and not any(getattr(args, kind.replace("-", "_")) for kind in kinds):
+            allowed = " or ".join(f"--{kind}" for kind in kinds)
+            return (
+                f"--{dest.replace('_', '-')} is read only by {allowed}; add one or drop the option"
+            )
+    return None
 
 
 def default_json_path(args: argparse.Namespace) -> str:
