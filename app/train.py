@@ -14,9 +14,9 @@ from typing import NoReturn
 import hydra
 from omegaconf import DictConfig
 
-from app.cli.preflight import preflight, say
+from app.cli.preflight import preflight
 from app.config.schema import load_config, register_configs
-from app.core.errors import ConfigError
+from app.core.errors import ConfigError, say
 from app.core.outcomes import Preempted, RunOutcome
 from app.core.run_dir_guard import restore_after_refusal
 

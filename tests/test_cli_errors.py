@@ -173,7 +173,7 @@ class _Writes:
 def test_the_last_line_is_one_write_so_ranks_never_merge_it(monkeypatch, ending, code):
     """Under torchrun every rank writes to one stream; print() writes a line's text and its
     newline apart, and two ranks ending together once merged their lines into one."""
-    from app.cli.preflight import fail
+    from app.core.errors import fail
     from app.train import end_with_one_line
 
     stderr = _Writes()

@@ -18,10 +18,9 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
 
-from app.cli.preflight import fail
 from app.config.schema import TrainConfig, load_config
 from app.core import run_dir_guard
-from app.core.errors import ConfigError
+from app.core.errors import ConfigError, fail
 
 
 class StartChecks(Callback):

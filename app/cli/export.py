@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from app.components.data.config import DataConfig
 from app.components.models.config import ModelConfig
 from app.components.tasks.config import TaskConfig
-from app.core.errors import first_line
+from app.core.errors import fail, first_line
 from app.engine.export import (
     EXPORT_DIR,
     EXPORT_FILES,
@@ -305,12 +304,7 @@ def default_out(checkpoint: Path) -> Path:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, as every error of this project
-        _fail(message)
-
-
-def _fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
+        fail(message)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -336,7 +330,7 @@ def main(argv: list[str] | None = None) -> None:
             Path(args.source), Path(args.out) if args.out else None
         )
     except (ExportError, ConfigError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     print(f"exported   {out} (step {step} of {checkpoint})", flush=True)
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from app.config.compose import compose, group_choice_error, one_line
 from app.config.schema import load_config
-from app.core.errors import ConfigError
+from app.core.errors import ConfigError, fail
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -147,16 +147,3 @@ def _job_part(cfg: DictConfig) -> DictConfig:
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg
-
-
-def fail(message: str) -> NoReturn:
-    say(f"error: {message}")
-    sys.exit(2)
-
-
-def say(line: str) -> None:
-    """`line` on stderr in one write: under torchrun every rank shares the terminal (or the
-    launcher's pipe), and print() writes the text and its newline apart, so two ranks ending
-    together would merge their lines into one."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()

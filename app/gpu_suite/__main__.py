@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from app.core.errors import fail
 from app.gpu_suite import cli, machine, wheels
 from app.gpu_suite import report as rpt
 from app.gpu_suite.context import Suite
@@ -64,11 +65,11 @@ def out_dir(value: str) -> Path:
     in the report), else absolute."""
     path = Path(value).expanduser().resolve()
     if path.exists() and not path.is_dir():
-        cli.fail(f"--out {value} is a file, not a directory")
+        fail(f"--out {value} is a file, not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        cli.fail(f"--out {value} cannot be created: {exc.strerror}")
+        fail(f"--out {value} cannot be created: {exc.strerror}")
     return path.relative_to(REPO) if path.is_relative_to(REPO) else path
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import NoReturn
 
+from app.core.errors import fail
 from app.gpu_suite.breaks import MODES
 from app.gpu_suite.suite import Step
 
@@ -13,11 +13,6 @@ from app.gpu_suite.suite import Step
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         fail(message)
-
-
-def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def parse(argv: list[str] | None, steps: list[Step]) -> argparse.Namespace:
